@@ -1,0 +1,16 @@
+"""The Celery application. Periodic schedules are listed here, in one place."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+
+app = Celery("portal")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+# Every periodic job, in one place. Each is idempotent and catches up after downtime.
+app.conf.beat_schedule = {}

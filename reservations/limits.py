@@ -1,0 +1,173 @@
+"""Booking limits: which numbers apply to a user, and whether a booking stays within them.
+
+Resolution, field by field: the user's own override if set; else the most generous value among
+the user's groups (a group grants, it never restricts another group's grant); else the site
+default; else no limit. ``requires_approval`` follows the same order, "no approval" being the
+generous value.
+
+The checks are pure functions over plain periods so they can be reasoned about (and tested)
+without a database. A refusal names the limit and the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+from django.db.models import Q
+
+from reservations.exceptions import LimitExceeded
+from reservations.models import Limit
+from reservations.timegrid import format_hours, hours
+
+WEEK = timedelta(days=7)
+_NUMERIC_FIELDS = ("max_gpus_at_once", "max_slot_hours", "weekly_gpu_hours", "max_days_ahead")
+
+
+@dataclass(frozen=True)
+class EffectiveLimits:
+    max_gpus_at_once: int | None = None
+    max_slot_hours: Decimal | None = None
+    weekly_gpu_hours: Decimal | None = None
+    max_days_ahead: int | None = None
+    requires_approval: bool = False
+
+
+class Period(NamedTuple):
+    """GPUs held (or asked for) over [start, end)."""
+
+    start: datetime
+    end: datetime
+    gpus: int
+
+
+def effective_limits(user: Any) -> EffectiveLimits:
+    rows = list(
+        Limit.objects.filter(
+            Q(scope=Limit.Scope.SITE)
+            | Q(scope=Limit.Scope.GROUP, group__in=user.groups.all())
+            | Q(scope=Limit.Scope.USER, user=user)
+        )
+    )
+    site = next((r for r in rows if r.scope == Limit.Scope.SITE), None)
+    own = next((r for r in rows if r.scope == Limit.Scope.USER), None)
+    groups = [r for r in rows if r.scope == Limit.Scope.GROUP]
+
+    values: dict[str, Any] = {}
+    for field in (*_NUMERIC_FIELDS, "requires_approval"):
+        group_values = [getattr(r, field) for r in groups if getattr(r, field) is not None]
+        if own is not None and getattr(own, field) is not None:
+            values[field] = getattr(own, field)
+        elif group_values:
+            values[field] = all(group_values) if field == "requires_approval" else max(group_values)
+        elif site is not None and getattr(site, field) is not None:
+            values[field] = getattr(site, field)
+    return EffectiveLimits(**values)
+
+
+def check_limits(
+    *,
+    limits: EffectiveLimits,
+    slot: tuple[datetime, datetime],
+    asked: Period,
+    held: Sequence[Period],
+    now: datetime,
+) -> None:
+    """Raise LimitExceeded if adding ``asked`` to what the user ``held`` breaks a limit.
+
+    ``slot`` is the whole booking (for the longest-slot rule); ``asked`` is the part being added:
+    the whole booking when booking, the added time when extending.
+    """
+    start, end = slot
+    if limits.max_slot_hours is not None and hours(end - start) > float(limits.max_slot_hours):
+        raise LimitExceeded(
+            f"longest slot: {format_hours(hours(end - start))} hours asked > "
+            f"{format_hours(float(limits.max_slot_hours))} allowed",
+            limit="max_slot_hours",
+            asked=round(hours(end - start), 2),
+            allowed=float(limits.max_slot_hours),
+        )
+    if limits.max_days_ahead is not None and end > now + timedelta(days=limits.max_days_ahead):
+        days = math.ceil((end - now) / timedelta(days=1) * 10) / 10
+        raise LimitExceeded(
+            f"days ahead: the slot ends {format_hours(days)} days from now > {limits.max_days_ahead} allowed",
+            limit="max_days_ahead",
+            asked=days,
+            allowed=limits.max_days_ahead,
+        )
+    if limits.max_gpus_at_once is not None:
+        peak = peak_gpus(held, asked.start, asked.end)
+        if peak + asked.gpus > limits.max_gpus_at_once:
+            raise LimitExceeded(
+                f"GPUs at once: {peak} held + {asked.gpus} asked > {limits.max_gpus_at_once} allowed",
+                limit="max_gpus_at_once",
+                used=peak,
+                asked=asked.gpus,
+                allowed=limits.max_gpus_at_once,
+            )
+    if limits.weekly_gpu_hours is not None:
+        used_s, asked_s = busiest_week(held, asked)
+        allowed_s = float(limits.weekly_gpu_hours) * 3600
+        if used_s + asked_s > allowed_s + 1e-6:
+            raise LimitExceeded(
+                f"weekly GPU-hours: {format_hours(used_s / 3600)} used + {format_hours(asked_s / 3600)} "
+                f"asked > {format_hours(float(limits.weekly_gpu_hours))} allowed",
+                limit="weekly_gpu_hours",
+                used=round(used_s / 3600, 2),
+                asked=round(asked_s / 3600, 2),
+                allowed=float(limits.weekly_gpu_hours),
+            )
+
+
+def peak_gpus(held: Iterable[Period], start: datetime, end: datetime) -> int:
+    """The most GPUs held at any one moment within [start, end)."""
+    events: list[tuple[datetime, int]] = []
+    for period in held:
+        lo, hi = max(period.start, start), min(period.end, end)
+        if lo < hi:
+            events += [(lo, period.gpus), (hi, -period.gpus)]
+    # Ends sort before starts at the same instant: back-to-back slots do not add up.
+    events.sort(key=lambda event: (event[0], event[1]))
+    peak = current = 0
+    for _, change in events:
+        current += change
+        peak = max(peak, current)
+    return peak
+
+
+def _gpu_seconds(periods: Iterable[Period], start: datetime, end: datetime) -> float:
+    total = 0.0
+    for period in periods:
+        overlap = (min(period.end, end) - max(period.start, start)).total_seconds()
+        if overlap > 0:
+            total += overlap * period.gpus
+    return total
+
+
+def busiest_week(held: Sequence[Period], asked: Period) -> tuple[float, float]:
+    """GPU-seconds (already held, asked) in the 7-day window touching ``asked`` that holds the most.
+
+    Total usage in a sliding window is piecewise linear in the window's start, so its maximum is
+    at a breakpoint: where the window's start or end meets some period's start or end. Windows are
+    kept strictly overlapping the asked period (a second inside its edges).
+    """
+    lowest = asked.start - WEEK + timedelta(seconds=1)
+    highest = asked.end - timedelta(seconds=1)
+    candidates = {lowest, highest}
+    for period in (*held, asked):
+        for edge in (period.start, period.end):
+            candidates.update((edge, edge - WEEK))
+    best = (0.0, 0.0)
+    for window_start in candidates:
+        if not lowest <= window_start <= highest:
+            continue
+        window_end = window_start + WEEK
+        used = _gpu_seconds(held, window_start, window_end)
+        asked_s = _gpu_seconds([asked], window_start, window_end)
+        if used + asked_s > sum(best):
+            best = (used, asked_s)
+    return best

@@ -1,0 +1,215 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.postgres.fields import RangeBoundary, RangeOperators
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+from nodes.models import Gpu, Node
+from reservations.constraints import PostgresExclusionConstraint, TsTzRange
+
+
+class Reservation(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending approval"
+        APPROVED = "approved", "Approved"
+        REJECTED = "rejected", "Rejected"
+        CANCELLED = "cancelled", "Cancelled"
+
+    # Pending reservations hold their slot until an admin decides.
+    LIVE_STATUSES = (Status.PENDING, Status.APPROVED)
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="reservations")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="reservations")
+    gpus = models.ManyToManyField(Gpu, through="Allocation", related_name="reservations")
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    purpose = models.TextField(blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True)
+    cancelled_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    cancel_reason = models.TextField(blank=True)
+    # Set when a running slot is ended early; ``end`` then holds the release time.
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["start", "id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(end__gt=F("start")), name="reservation_end_after_start"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "start"], name="reservation_status_start_idx"),
+            models.Index(fields=["user", "end"], name="reservation_user_end_idx"),
+            models.Index(fields=["node", "start"], name="reservation_node_start_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.node.name} {self.start:%Y-%m-%d %H:%M}–{self.end:%H:%M} {self.user.get_username()}"
+
+    @property
+    def is_live(self) -> bool:
+        return self.status in self.LIVE_STATUSES
+
+    def phase(self, now: object = None) -> str:
+        """'upcoming', 'running' or 'past' (by the clock, whatever the status)."""
+        now = now or timezone.now()
+        if now < self.start:
+            return "upcoming"
+        if now < self.end:
+            return "running"
+        return "past"
+
+
+class Allocation(models.Model):
+    """One booked GPU of a reservation, with its period.
+
+    ``active`` is true while the reservation is live (pending or approved); only active rows take
+    part in the no-overlap rule, so a rejected or cancelled booking frees its slot but stays on record.
+    """
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    active = models.BooleanField(default=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["reservation", "gpu"], name="allocation_unique_gpu_per_reservation"),
+            models.CheckConstraint(condition=Q(end__gt=F("start")), name="allocation_end_after_start"),
+            # The wall: on PostgreSQL no two active allocations of one GPU can overlap, whatever
+            # the code does. Half-open [start, end) ranges, so back-to-back slots are fine.
+            PostgresExclusionConstraint(
+                name="allocation_no_overlap",
+                expressions=[
+                    ("gpu", RangeOperators.EQUAL),
+                    (TsTzRange("start", "end", RangeBoundary()), RangeOperators.OVERLAPS),
+                ],
+                condition=Q(active=True),
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["gpu", "start", "end"], condition=Q(active=True), name="allocation_active_gpu_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu} {self.start:%Y-%m-%d %H:%M}–{self.end:%H:%M}"
+
+
+class MaintenanceWindow(models.Model):
+    """A period when a whole node, or one GPU of it, takes no bookings."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="maintenance_windows")
+    gpu = models.ForeignKey(
+        Gpu,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="maintenance_windows",
+        help_text="Leave empty to block the whole node.",
+    )
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    reason = models.CharField(max_length=200, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["start"]
+        constraints = [
+            models.CheckConstraint(condition=Q(end__gt=F("start")), name="maintenance_end_after_start"),
+        ]
+
+    def __str__(self) -> str:
+        target = str(self.gpu) if self.gpu_id else self.node.name
+        return f"{target} maintenance {self.start:%Y-%m-%d %H:%M}–{self.end:%Y-%m-%d %H:%M}"
+
+    def clean(self) -> None:
+        if self.start and self.end and self.end <= self.start:
+            raise ValidationError({"end": "The end must be after the start."})
+        if self.gpu_id and self.node_id and self.gpu.node_id != self.node_id:
+            raise ValidationError({"gpu": f"{self.gpu} is not on node {self.node}."})
+
+
+class Limit(models.Model):
+    """Booking limits: the site default, a group's, or one user's override.
+
+    An empty field means "not set here": a user override falls back to their groups (the most
+    generous group wins), then to the site default; unset everywhere means no limit.
+    """
+
+    class Scope(models.TextChoices):
+        SITE = "site", "Site default"
+        GROUP = "group", "Group"
+        USER = "user", "User override"
+
+    scope = models.CharField(max_length=8, choices=Scope.choices)
+    group = models.OneToOneField(
+        "auth.Group", null=True, blank=True, on_delete=models.CASCADE, related_name="booking_limit"
+    )
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="booking_limit"
+    )
+    max_gpus_at_once = models.PositiveIntegerField(
+        "GPUs at once", null=True, blank=True, help_text="How many GPUs one person may hold at the same moment."
+    )
+    max_slot_hours = models.DecimalField(
+        "longest slot (hours)", max_digits=7, decimal_places=2, null=True, blank=True
+    )
+    weekly_gpu_hours = models.DecimalField(
+        "GPU-hours per rolling 7 days",
+        max_digits=9,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text="Counted over every 7-day window that touches the booking.",
+    )
+    max_days_ahead = models.PositiveIntegerField(
+        "days ahead", null=True, blank=True, help_text="How far ahead a booking may end."
+    )
+    requires_approval = models.BooleanField(
+        null=True, blank=True, help_text="Whether bookings wait for an admin's approval."
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope"], condition=Q(scope="site"), name="limit_one_site_default"),
+            models.CheckConstraint(
+                condition=(
+                    Q(scope="site", group__isnull=True, user__isnull=True)
+                    | Q(scope="group", group__isnull=False, user__isnull=True)
+                    | Q(scope="user", user__isnull=False, group__isnull=True)
+                ),
+                name="limit_scope_matches_target",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        if self.scope == self.Scope.GROUP and self.group_id:
+            return f"Limits for group {self.group}"
+        if self.scope == self.Scope.USER and self.user_id:
+            return f"Limits for {self.user}"
+        return "Site default limits"
+
+    def clean(self) -> None:
+        if self.scope == self.Scope.SITE and (self.group_id or self.user_id):
+            raise ValidationError("The site default applies to everyone: leave group and user empty.")
+        if self.scope == self.Scope.GROUP and (not self.group_id or self.user_id):
+            raise ValidationError({"group": "Choose the group these limits apply to (and no user)."})
+        if self.scope == self.Scope.USER and (not self.user_id or self.group_id):
+            raise ValidationError({"user": "Choose the user these limits apply to (and no group)."})

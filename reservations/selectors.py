@@ -1,0 +1,63 @@
+"""Reads of the booking domain. Views, services and tasks get their querysets here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet
+
+from nodes.models import Gpu, Node
+from reservations.limits import Period
+from reservations.models import Allocation, MaintenanceWindow, Reservation
+
+
+def allocations_overlapping(
+    *, gpus: Sequence[Gpu], start: datetime, end: datetime, exclude_reservation_id: int | None = None
+) -> QuerySet[Allocation]:
+    """Active allocations of these GPUs that overlap [start, end) — the slots a booking would hit."""
+    qs = Allocation.objects.filter(
+        active=True, gpu__in=[gpu.pk for gpu in gpus], start__lt=end, end__gt=start
+    ).select_related("reservation__user", "gpu__node")
+    if exclude_reservation_id is not None:
+        qs = qs.exclude(reservation_id=exclude_reservation_id)
+    return qs.order_by("start", "gpu__index")
+
+
+def maintenance_overlapping(
+    *, node: Node, gpus: Sequence[Gpu], start: datetime, end: datetime
+) -> QuerySet[MaintenanceWindow]:
+    """Maintenance windows of the whole node, or of one of these GPUs, that overlap [start, end)."""
+    return (
+        MaintenanceWindow.objects.filter(node=node, start__lt=end, end__gt=start)
+        .filter(Q(gpu__isnull=True) | Q(gpu__in=[gpu.pk for gpu in gpus]))
+        .select_related("node", "gpu__node")
+        .order_by("start")
+    )
+
+
+def held_periods(
+    *, user: Any, start: datetime, end: datetime, exclude_reservation_id: int | None = None
+) -> list[Period]:
+    """The user's live bookings overlapping [start, end), one Period per reservation."""
+    qs = Allocation.objects.filter(
+        active=True, reservation__user=user, start__lt=end, end__gt=start
+    )
+    if exclude_reservation_id is not None:
+        qs = qs.exclude(reservation_id=exclude_reservation_id)
+    rows = qs.values("reservation_id", "start", "end").annotate(gpus=Count("id")).order_by()
+    return [Period(row["start"], row["end"], row["gpus"]) for row in rows]
+
+
+def reservation_for_update(reservation_id: int) -> Reservation:
+    """The reservation, row-locked for the rest of the transaction (a no-op lock on SQLite)."""
+    return (
+        Reservation.objects.select_for_update(of=("self",))
+        .select_related("user", "node")
+        .get(pk=reservation_id)
+    )
+
+
+def reservation_gpus(reservation: Reservation) -> list[Gpu]:
+    return list(Gpu.objects.filter(allocations__reservation=reservation).select_related("node").order_by("index"))

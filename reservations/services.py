@@ -1,0 +1,454 @@
+"""Every change to a reservation goes through these functions.
+
+Views, the API, admin actions and tasks call them; none of them repeats a rule. Each function
+runs in its own transaction and writes one audit entry. The booking rules are described in
+docs/booking-rules.md.
+
+Concurrency: PostgreSQL has the exclusion constraint as the wall; in front of it each booking
+transaction locks the booking user's row and then the GPUs' rows in id order, so the check below
+sees every committed booking and two bookings of one GPU (or two of one user, for the limits)
+queue up instead of racing. On SQLite the transaction itself is the lock (BEGIN IMMEDIATE).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, OperationalError, connection, transaction
+from django.utils import timezone
+
+from audit.services import audit_record
+from nodes.models import Gpu, Node
+from reservations import selectors
+from reservations.exceptions import (
+    BookingBusy,
+    InvalidBooking,
+    InvalidState,
+    MaintenanceConflict,
+    NotAllowed,
+    SlotConflict,
+)
+from reservations.limits import EffectiveLimits, Period, check_limits, effective_limits
+from reservations.models import Allocation, Reservation
+from reservations.timegrid import ceil_to_grid, floor_to_grid, format_moment, format_period
+
+User = get_user_model()
+Status = Reservation.Status
+
+
+# --- public operations ---------------------------------------------------------------------
+
+
+def reservation_create(
+    *,
+    user: Any,
+    gpus: Sequence[Gpu | int],
+    start: datetime,
+    end: datetime,
+    purpose: str = "",
+    actor: Any | None = None,
+) -> Reservation:
+    """Book ``gpus`` (all on one node) for ``user`` over [start, end), snapped to the grid.
+
+    ``actor`` is who asks (defaults to the user); only admins may book for someone else, and an
+    admin's booking skips the limits and approval.
+    """
+    actor = actor or user
+    if actor.pk != user.pk and not actor.is_booking_admin:
+        raise NotAllowed("Only admins can book for someone else.")
+    if not user.is_active:
+        raise NotAllowed(f"{user.get_username()}'s account is disabled.")
+    if not user.unix_username:
+        raise InvalidBooking(
+            f"{user.get_username()} has no unix username yet: set it in the profile first, so the "
+            "GPU nodes know which account gets the GPUs.",
+            field="unix_username",
+        )
+    gpu_ids = _gpu_ids(gpus)
+    now = timezone.now()
+    start, end = _snap_slot(start, end, now)
+    purpose = _clean_purpose(purpose)
+
+    with _booking_transaction():
+        _lock_booking_rows(user_id=user.pk, gpu_ids=gpu_ids)
+        booked_gpus = _load_gpus(gpu_ids)
+        node = _bookable_node(booked_gpus)
+        _check_slot_free(node=node, gpus=booked_gpus, start=start, end=end)
+        limits = effective_limits(user)
+        if not actor.is_booking_admin:
+            check_limits(
+                limits=limits,
+                slot=(start, end),
+                asked=Period(start, end, len(booked_gpus)),
+                held=selectors.held_periods(user=user, start=start - _WEEK, end=end + _WEEK),
+                now=now,
+            )
+        needs_approval = not actor.is_booking_admin and _approval_required(node, limits)
+        reservation = Reservation.objects.create(
+            user=user,
+            node=node,
+            start=start,
+            end=end,
+            purpose=purpose,
+            status=Status.PENDING if needs_approval else Status.APPROVED,
+            created_by=actor,
+            created_at=now,
+        )
+        _write_allocations(reservation, booked_gpus)
+        audit_record(actor=actor, action="reservation.create", target=reservation, after=_snapshot(reservation))
+    return reservation
+
+
+def reservation_approve(*, reservation: Reservation, actor: Any, reason: str = "") -> Reservation:
+    _require_admin(actor, "approve bookings")
+    with _booking_transaction():
+        locked = selectors.reservation_for_update(reservation.pk)
+        _require_status(locked, (Status.PENDING,), "approved")
+        now = timezone.now()
+        if locked.end <= now:
+            raise InvalidState(f"Reservation #{locked.pk} ended at {format_moment(locked.end)}: nothing to approve.")
+        before = _snapshot(locked)
+        locked.status = Status.APPROVED
+        locked.decided_by, locked.decided_at, locked.decision_reason = actor, now, reason.strip()
+        locked.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
+        audit_record(
+            actor=actor, action="reservation.approve", target=locked, before=before, after=_snapshot(locked),
+            reason=locked.decision_reason,
+        )
+    return locked
+
+
+def reservation_reject(*, reservation: Reservation, actor: Any, reason: str) -> Reservation:
+    _require_admin(actor, "reject bookings")
+    reason = (reason or "").strip()
+    if not reason:
+        raise InvalidBooking("Give a reason for the rejection: the researcher will read it.", field="reason")
+    with _booking_transaction():
+        locked = selectors.reservation_for_update(reservation.pk)
+        _require_status(locked, (Status.PENDING,), "rejected")
+        before = _snapshot(locked)
+        locked.status = Status.REJECTED
+        locked.decided_by, locked.decided_at, locked.decision_reason = actor, timezone.now(), reason
+        locked.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
+        locked.allocations.update(active=False)
+        audit_record(
+            actor=actor, action="reservation.reject", target=locked, before=before, after=_snapshot(locked),
+            reason=reason,
+        )
+    return locked
+
+
+def reservation_cancel(*, reservation: Reservation, actor: Any, reason: str = "") -> Reservation:
+    """Cancel a booking. Its owner may cancel before the start; admins at any time."""
+    with _booking_transaction():
+        locked = selectors.reservation_for_update(reservation.pk)
+        _require_owner_or_admin(actor, locked, "cancel")
+        _require_status(locked, Reservation.LIVE_STATUSES, "cancelled")
+        now = timezone.now()
+        if locked.end <= now:
+            raise InvalidState(f"Reservation #{locked.pk} is already over ({format_moment(locked.end)}).")
+        if locked.start <= now and not actor.is_booking_admin:
+            raise InvalidState(
+                f"Reservation #{locked.pk} started at {format_moment(locked.start)}: release it to end it now.",
+                hint="release",
+            )
+        before = _snapshot(locked)
+        locked.status = Status.CANCELLED
+        locked.cancelled_by, locked.cancelled_at, locked.cancel_reason = actor, now, (reason or "").strip()
+        locked.save(update_fields=["status", "cancelled_by", "cancelled_at", "cancel_reason"])
+        locked.allocations.update(active=False)
+        audit_record(
+            actor=actor, action="reservation.cancel", target=locked, before=before, after=_snapshot(locked),
+            reason=locked.cancel_reason,
+        )
+    return locked
+
+
+def reservation_release(*, reservation: Reservation, actor: Any) -> Reservation:
+    """End a running slot now; the rest of it is freed for others."""
+    with _booking_transaction():
+        locked = selectors.reservation_for_update(reservation.pk)
+        _require_owner_or_admin(actor, locked, "release")
+        _require_status(locked, Reservation.LIVE_STATUSES, "released")
+        now = timezone.now()
+        if now < locked.start:
+            raise InvalidState(
+                f"Reservation #{locked.pk} starts at {format_moment(locked.start)}: cancel it instead.",
+                hint="cancel",
+            )
+        if locked.end <= now:
+            raise InvalidState(f"Reservation #{locked.pk} already ended at {format_moment(locked.end)}.")
+        before = _snapshot(locked)
+        # Whole seconds read better everywhere; never let the end reach the start.
+        release_at = max(now.replace(microsecond=0), locked.start + timedelta(seconds=1))
+        locked.end, locked.released_at = release_at, now
+        locked.save(update_fields=["end", "released_at"])
+        locked.allocations.update(end=release_at)
+        audit_record(
+            actor=actor, action="reservation.release", target=locked, before=before, after=_snapshot(locked)
+        )
+    return locked
+
+
+def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -> Reservation:
+    """Move the end later. The added time passes every check a new booking would."""
+    _require_aware(end, "end")
+    new_end = ceil_to_grid(end)
+    current = Reservation.objects.select_related("user").get(pk=reservation.pk)
+    gpu_ids = list(current.allocations.values_list("gpu_id", flat=True))
+    with _booking_transaction():
+        _lock_booking_rows(user_id=current.user_id, gpu_ids=gpu_ids)
+        locked = selectors.reservation_for_update(reservation.pk)
+        _require_owner_or_admin(actor, locked, "extend")
+        _require_status(locked, Reservation.LIVE_STATUSES, "extended")
+        now = timezone.now()
+        if locked.end <= now:
+            raise InvalidState(f"Reservation #{locked.pk} already ended at {format_moment(locked.end)}: book a new slot.")
+        if new_end <= locked.end:
+            raise InvalidBooking(
+                f"The new end ({format_moment(new_end)}) must be after the current end ({format_moment(locked.end)}).",
+                field="end",
+            )
+        gpus = _load_gpus(gpu_ids)
+        _bookable_node(gpus)
+        _check_slot_free(node=locked.node, gpus=gpus, start=locked.end, end=new_end, reservation=locked)
+        if not actor.is_booking_admin:
+            check_limits(
+                limits=effective_limits(locked.user),
+                slot=(locked.start, new_end),
+                asked=Period(locked.end, new_end, len(gpus)),
+                held=selectors.held_periods(user=locked.user, start=locked.end - _WEEK, end=new_end + _WEEK),
+                now=now,
+            )
+        before = _snapshot(locked)
+        locked.end = new_end
+        locked.save(update_fields=["end"])
+        _extend_allocations(locked, new_end)
+        audit_record(
+            actor=actor, action="reservation.extend", target=locked, before=before, after=_snapshot(locked)
+        )
+    return locked
+
+
+# --- the rules ------------------------------------------------------------------------------
+
+_WEEK = timedelta(days=7)
+
+
+def _require_aware(value: Any, field: str) -> None:
+    if not isinstance(value, datetime):
+        raise InvalidBooking(f"The {field} must be a date and time.", field=field)
+    if timezone.is_naive(value):
+        raise InvalidBooking(
+            f"The {field} has no time zone: give an offset, like 2026-12-03T14:00:00+01:00.", field=field
+        )
+
+
+def _snap_slot(start: datetime, end: datetime, now: datetime) -> tuple[datetime, datetime]:
+    """Snap to the grid (start down, end up) and refuse past or empty slots.
+
+    The grid cell that holds "now" counts as now: a slot may start in it, and then starts now.
+    """
+    _require_aware(start, "start")
+    _require_aware(end, "end")
+    if end <= start:
+        raise InvalidBooking(
+            f"The end ({format_moment(end)}) must be after the start ({format_moment(start)}).", field="end"
+        )
+    snapped_start, snapped_end = floor_to_grid(start), ceil_to_grid(end)
+    if snapped_start < floor_to_grid(now):
+        raise InvalidBooking(f"The start ({format_moment(start)}) is in the past.", field="start")
+    if snapped_end <= now:
+        raise InvalidBooking(f"The end ({format_moment(end)}) is in the past.", field="end")
+    return max(snapped_start, now.replace(microsecond=0)), snapped_end
+
+
+def _clean_purpose(purpose: Any) -> str:
+    if purpose is None:
+        return ""
+    if not isinstance(purpose, str):
+        raise InvalidBooking("The purpose must be text.", field="purpose")
+    purpose = purpose.strip()
+    if len(purpose) > settings.BOOKING_PURPOSE_MAX_LENGTH:
+        raise InvalidBooking(
+            f"The purpose is {len(purpose)} characters long; keep it under {settings.BOOKING_PURPOSE_MAX_LENGTH}.",
+            field="purpose",
+        )
+    if "\x00" in purpose:
+        raise InvalidBooking("The purpose contains a NUL character.", field="purpose")
+    return purpose
+
+
+def _gpu_ids(gpus: Sequence[Gpu | int]) -> list[int]:
+    if not gpus:
+        raise InvalidBooking("Choose at least one GPU.", field="gpus")
+    ids = []
+    for gpu in gpus:
+        pk = gpu.pk if isinstance(gpu, Gpu) else gpu
+        if isinstance(pk, bool) or not isinstance(pk, int):
+            raise InvalidBooking(f"{gpu!r} is not a GPU id.", field="gpus")
+        ids.append(pk)
+    if len(set(ids)) != len(ids):
+        raise InvalidBooking("The same GPU is listed twice.", field="gpus")
+    return sorted(ids)
+
+
+def _load_gpus(gpu_ids: list[int]) -> list[Gpu]:
+    found = list(Gpu.objects.select_related("node").filter(pk__in=gpu_ids).order_by("node__name", "index"))
+    missing = sorted(set(gpu_ids) - {gpu.pk for gpu in found})
+    if missing:
+        raise InvalidBooking(f"No GPU with id {', '.join(map(str, missing))}.", field="gpus", missing=missing)
+    return found
+
+
+def _bookable_node(gpus: list[Gpu]) -> Node:
+    nodes = {gpu.node for gpu in gpus}
+    if len(nodes) > 1:
+        names = ", ".join(sorted(node.name for node in nodes))
+        raise InvalidBooking(f"All GPUs of one booking must be on one node; these are on {names}.", field="gpus")
+    node = gpus[0].node
+    if not node.is_bookable:
+        raise InvalidBooking(f"Node {node.name} is {node.get_status_display().lower()} and takes no bookings.")
+    unbookable = [str(gpu) for gpu in gpus if not gpu.bookable]
+    if unbookable:
+        raise InvalidBooking(f"{', '.join(unbookable)} cannot be booked right now.", field="gpus")
+    return node
+
+
+def _check_slot_free(
+    *, node: Node, gpus: list[Gpu], start: datetime, end: datetime, reservation: Reservation | None = None
+) -> None:
+    windows = list(selectors.maintenance_overlapping(node=node, gpus=gpus, start=start, end=end))
+    if windows:
+        described = "; ".join(
+            f"{w.gpu or w.node.name} {format_period(w.start, w.end)}" + (f" ({w.reason})" if w.reason else "")
+            for w in windows
+        )
+        raise MaintenanceConflict(
+            f"Maintenance: {described}.",
+            windows=[
+                {"id": w.pk, "node": w.node.name, "gpu": w.gpu_id, "start": w.start.isoformat(),
+                 "end": w.end.isoformat(), "reason": w.reason}
+                for w in windows
+            ],
+        )
+    clashes = list(
+        selectors.allocations_overlapping(
+            gpus=gpus, start=start, end=end, exclude_reservation_id=reservation.pk if reservation else None
+        )
+    )
+    if clashes:
+        raise _conflict(clashes)
+
+
+def _conflict(clashes: list[Allocation]) -> SlotConflict:
+    described = "; ".join(
+        f"{a.gpu} is booked {format_period(a.start, a.end)} by {a.reservation.user.get_username()} "
+        f"(reservation #{a.reservation_id}{', pending' if a.reservation.status == Status.PENDING else ''})"
+        for a in clashes
+    )
+    return SlotConflict(
+        f"Slot taken: {described}.",
+        conflicts=[
+            {"reservation": a.reservation_id, "gpu": a.gpu_id, "gpu_name": str(a.gpu),
+             "start": a.start.isoformat(), "end": a.end.isoformat(),
+             "user": a.reservation.user.get_username(), "status": a.reservation.status}
+            for a in clashes
+        ],
+    )
+
+
+def _approval_required(node: Node, limits: EffectiveLimits) -> bool:
+    return node.requires_approval or limits.requires_approval
+
+
+def _require_admin(actor: Any, what: str) -> None:
+    if not actor.is_booking_admin:
+        raise NotAllowed(f"Only admins can {what}.")
+
+
+def _require_owner_or_admin(actor: Any, reservation: Reservation, verb: str) -> None:
+    if actor.pk != reservation.user_id and not actor.is_booking_admin:
+        raise NotAllowed(f"Only the owner or an admin can {verb} reservation #{reservation.pk}.")
+
+
+def _require_status(reservation: Reservation, allowed: Sequence[str], becoming: str) -> None:
+    if reservation.status not in allowed:
+        raise InvalidState(
+            f"Reservation #{reservation.pk} is {reservation.get_status_display().lower()} and cannot be {becoming}.",
+            status=reservation.status,
+        )
+
+
+def _snapshot(reservation: Reservation) -> dict[str, Any]:
+    return {
+        "user": reservation.user.get_username(),
+        "node": reservation.node.name,
+        "gpus": sorted(reservation.allocations.values_list("gpu__index", flat=True)),
+        "start": reservation.start.isoformat(),
+        "end": reservation.end.isoformat(),
+        "status": reservation.status,
+        "purpose": reservation.purpose,
+    }
+
+
+# --- writing under the locks ----------------------------------------------------------------
+
+
+def _lock_booking_rows(*, user_id: int, gpu_ids: list[int]) -> None:
+    """Lock the booking user, then the GPUs in id order (always this order: no deadlocks)."""
+    list(User.objects.select_for_update().filter(pk=user_id).values_list("pk", flat=True))
+    list(Gpu.objects.select_for_update().filter(pk__in=gpu_ids).order_by("pk").values_list("pk", flat=True))
+
+
+def _write_allocations(reservation: Reservation, gpus: list[Gpu]) -> None:
+    rows = [
+        Allocation(reservation=reservation, gpu=gpu, start=reservation.start, end=reservation.end) for gpu in gpus
+    ]
+    _guarded_by_constraint(lambda: Allocation.objects.bulk_create(rows), gpus, reservation)
+
+
+def _extend_allocations(reservation: Reservation, new_end: datetime) -> None:
+    gpus = list(Gpu.objects.filter(allocations__reservation=reservation).select_related("node"))
+    _guarded_by_constraint(lambda: reservation.allocations.update(end=new_end), gpus, reservation)
+
+
+def _guarded_by_constraint(write: Any, gpus: list[Gpu], reservation: Reservation) -> None:
+    """Run ``write``; if the exclusion constraint refuses it, raise the same SlotConflict the
+    check would have raised (with the slot that won the race named)."""
+    try:
+        with transaction.atomic():
+            write()
+    except IntegrityError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != "23P01":
+            raise
+        clashes = list(
+            selectors.allocations_overlapping(
+                gpus=gpus, start=reservation.start, end=reservation.end, exclude_reservation_id=reservation.pk
+            )
+        )
+        raise _conflict(clashes) if clashes else SlotConflict(
+            "Slot taken: another booking of these GPUs was saved at the same moment."
+        ) from exc
+
+
+@contextmanager
+def _booking_transaction() -> Iterator[None]:
+    """A transaction whose lock waits are bounded; a timeout becomes a retryable BookingBusy."""
+    try:
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT set_config('lock_timeout', %s, true)", [f"{settings.BOOKING_LOCK_TIMEOUT_MS}ms"]
+                    )
+            yield
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == "55P03" or "database is locked" in str(exc):
+            raise BookingBusy("The GPUs are busy with other bookings right now; try again in a moment.") from exc
+        raise
