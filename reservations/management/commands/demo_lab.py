@@ -1,0 +1,106 @@
+"""Create a small demo lab: two nodes of simulated GPUs, an admin, two researchers, a few bookings.
+
+Running it again changes nothing that exists: it only adds what is missing, and prints passwords
+only for accounts it has just created.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import transaction
+from django.utils import timezone
+
+from nodes.models import Gpu, Node
+from reservations import services
+from reservations.models import Limit, Reservation
+from reservations.timegrid import floor_to_grid
+
+NODES = [
+    ("gpu-a100", "gpu-a100.lab.example", "NVIDIA A100-SXM4-80GB", 81920, False),
+    ("gpu-4090", "gpu-4090.lab.example", "NVIDIA GeForce RTX 4090", 24564, True),
+]
+USERS = [
+    # username, unix username, admin?
+    ("carol", "carol", True),
+    ("alice", "alice", False),
+    ("bob", "bob", False),
+]
+
+
+class Command(BaseCommand):
+    help = "Create the demo lab (idempotent): 2 nodes x 4 simulated GPUs, an admin, 2 researchers, bookings."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        with transaction.atomic():
+            self._nodes()
+            users = self._users()
+            Limit.objects.get_or_create(
+                scope=Limit.Scope.SITE,
+                defaults={"max_gpus_at_once": 4, "max_slot_hours": 48, "weekly_gpu_hours": 200, "max_days_ahead": 30},
+            )
+        if not Reservation.objects.filter(user__in=users.values()).exists():
+            self._bookings(users)
+        self.stdout.write(self.style.SUCCESS("Demo lab ready: nodes gpu-a100 and gpu-4090, users carol (admin), alice, bob."))
+
+    def _nodes(self) -> None:
+        for name, hostname, model, memory, approval in NODES:
+            node, _ = Node.objects.get_or_create(
+                name=name,
+                defaults={"hostname": hostname, "description": f"4 x {model} (simulated)", "requires_approval": approval},
+            )
+            for index in range(4):
+                Gpu.objects.get_or_create(
+                    node=node,
+                    index=index,
+                    parent=None,
+                    defaults={
+                        "uuid": f"GPU-{secrets.token_hex(4)}-{secrets.token_hex(2)}-{secrets.token_hex(2)}-"
+                        f"{secrets.token_hex(2)}-{secrets.token_hex(6)}",
+                        "model": model,
+                        "memory_mib": memory,
+                    },
+                )
+
+    def _users(self) -> dict[str, Any]:
+        User = get_user_model()
+        users = {}
+        for username, unix_username, admin in USERS:
+            user = User.objects.filter(username=username).first()
+            if user is None:
+                password = secrets.token_urlsafe(12)
+                user = User.objects.create_user(
+                    username=username,
+                    password=password,
+                    email=f"{username}@lab.example",
+                    unix_username=unix_username,
+                    is_staff=admin,
+                    is_superuser=admin,
+                )
+                role = "admin" if admin else "researcher"
+                self.stdout.write(f"  created {role} {username!r} with password {password!r} (shown once)")
+            users[username] = user
+        return users
+
+    def _bookings(self, users: dict[str, Any]) -> None:
+        now = timezone.now()
+        cell = floor_to_grid(now)
+        a100 = list(Gpu.objects.filter(node__name="gpu-a100").order_by("index"))
+        rtx = list(Gpu.objects.filter(node__name="gpu-4090").order_by("index"))
+        plan = [
+            (users["alice"], a100[:2], cell, cell + timedelta(hours=3), "fine-tuning a 7B model"),
+            (users["bob"], a100[2:3], cell + timedelta(hours=1), cell + timedelta(hours=5), "protein folding sweep"),
+            (users["bob"], rtx[:1], cell + timedelta(days=1), cell + timedelta(days=1, hours=8), "rendering"),
+            (users["alice"], rtx[1:3], cell + timedelta(hours=4), cell + timedelta(hours=6), "ablation runs"),
+        ]
+        created = [
+            services.reservation_create(user=user, gpus=gpus, start=start, end=end, purpose=purpose)
+            for user, gpus, start, end, purpose in plan
+        ]
+        # gpu-4090 needs approval: approve alice's request there and leave bob's for the admin to decide.
+        services.reservation_approve(reservation=created[3], actor=users["carol"], reason="demo")
+        self.stdout.write(f"  booked {len(plan)} demo reservations around {cell:%Y-%m-%d %H:%M} UTC")

@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+
+import pytest
+from django.contrib.auth.models import Group
+
+from reservations.exceptions import LimitExceeded
+from reservations.limits import Period, busiest_week, effective_limits, peak_gpus
+from reservations.models import Limit, Reservation
+from reservations.services import reservation_create, reservation_extend
+from tests.conftest import at
+
+pytestmark = pytest.mark.usefixtures("clock")
+
+
+def book(user, gpus, start_h, end_h, **kw):
+    return reservation_create(user=user, gpus=gpus, start=at(start_h), end=at(end_h), **kw)
+
+
+def site_limits(**values):
+    return Limit.objects.create(scope=Limit.Scope.SITE, **values)
+
+
+def test_weekly_gpu_hours_refusal_names_the_numbers(alice, gpus):
+    site_limits(weekly_gpu_hours=40)
+    book(alice, gpus[:2], 1, 20)  # 38 GPU-hours
+
+    with pytest.raises(LimitExceeded) as refused:
+        book(alice, gpus[2:4], 24, 26)  # 4 more
+
+    assert refused.value.message == "weekly GPU-hours: 38 used + 4 asked > 40 allowed"
+    assert refused.value.details == {"limit": "weekly_gpu_hours", "used": 38.0, "asked": 4.0, "allowed": 40.0}
+    assert Reservation.objects.count() == 1
+
+
+def test_weekly_hours_are_a_rolling_seven_days(alice, gpus):
+    site_limits(weekly_gpu_hours=40)
+    book(alice, gpus[:2], 1, 20)
+    # 7 days after the first booking ended, it no longer counts.
+    assert book(alice, gpus[:2], 20 + 7 * 24, 20 + 7 * 24 + 2).allocations.count() == 2
+
+
+def test_weekly_hours_count_later_bookings_too(alice, gpus):
+    site_limits(weekly_gpu_hours=10)
+    book(alice, gpus[:1], 48, 56)  # 8 h on Wednesday
+    with pytest.raises(LimitExceeded, match="weekly GPU-hours: 8 used \\+ 4 asked > 10 allowed"):
+        book(alice, gpus[:1], 1, 5)
+
+
+def test_gpus_at_once_counts_what_is_held_at_the_same_moment(alice, gpus):
+    site_limits(max_gpus_at_once=3)
+    book(alice, gpus[:2], 1, 3)
+    book(alice, gpus[2:4], 3, 5)  # back to back: never more than 2 at once
+
+    with pytest.raises(LimitExceeded) as refused:
+        book(alice, gpus[2:4], 2, 3)
+    assert refused.value.message == "GPUs at once: 2 held + 2 asked > 3 allowed"
+
+
+def test_longest_slot(alice, gpus):
+    site_limits(max_slot_hours=8)
+    with pytest.raises(LimitExceeded, match="^longest slot: 8.5 hours asked > 8 allowed$"):
+        book(alice, gpus[:1], 1, 9.5)
+    assert book(alice, gpus[:1], 1, 9).end == at(9)
+
+
+def test_days_ahead(alice, gpus):
+    site_limits(max_days_ahead=14)
+    with pytest.raises(LimitExceeded, match="^days ahead: the slot ends 15 days from now > 14 allowed$"):
+        book(alice, gpus[:1], 14 * 24 + 23, 15 * 24)
+
+
+def test_admins_may_book_past_limits(carol, alice, gpus):
+    site_limits(max_gpus_at_once=1, max_slot_hours=1)
+    reservation = book(alice, gpus, 1, 30, actor=carol)
+    assert reservation.allocations.count() == 4
+    assert book(carol, gpus, 30, 60).status == Reservation.Status.APPROVED
+
+
+def test_a_user_override_beats_the_groups_and_the_most_generous_group_wins(alice):
+    site_limits(max_gpus_at_once=1, weekly_gpu_hours=10, max_days_ahead=7)
+    students, staff = Group.objects.create(name="students"), Group.objects.create(name="postdocs")
+    alice.groups.add(students, staff)
+    Limit.objects.create(scope=Limit.Scope.GROUP, group=students, max_gpus_at_once=2, requires_approval=True)
+    Limit.objects.create(scope=Limit.Scope.GROUP, group=staff, max_gpus_at_once=4, requires_approval=False)
+    Limit.objects.create(scope=Limit.Scope.USER, user=alice, weekly_gpu_hours=100)
+
+    limits = effective_limits(alice)
+
+    assert limits.max_gpus_at_once == 4  # the more generous group
+    assert limits.weekly_gpu_hours == 100  # her own override
+    assert limits.max_days_ahead == 7  # the site default
+    assert limits.max_slot_hours is None  # set nowhere: no limit
+    assert limits.requires_approval is False  # one group books without approval
+
+
+def test_other_groups_limits_do_not_apply(alice, bob):
+    group = Group.objects.create(name="guests")
+    bob.groups.add(group)
+    Limit.objects.create(scope=Limit.Scope.GROUP, group=group, max_gpus_at_once=1)
+    assert effective_limits(alice).max_gpus_at_once is None
+
+
+def test_a_limit_that_requires_approval_makes_bookings_pending(alice, carol, gpus):
+    site_limits(requires_approval=True)
+    assert book(alice, gpus[:1], 1, 2).status == Reservation.Status.PENDING
+    assert book(alice, gpus[1:2], 1, 2, actor=carol).status == Reservation.Status.APPROVED
+
+
+def test_extending_checks_the_limits_on_the_added_time(alice, gpus):
+    site_limits(weekly_gpu_hours=10, max_slot_hours=8)
+    reservation = book(alice, gpus[:1], 1, 5)
+
+    with pytest.raises(LimitExceeded, match="^longest slot: 9 hours asked > 8 allowed$"):
+        reservation_extend(reservation=reservation, actor=alice, end=at(10))
+    reservation_extend(reservation=reservation, actor=alice, end=at(9))
+    book(alice, gpus[1:2], 20, 21)
+    with pytest.raises(LimitExceeded, match="weekly GPU-hours: 9 used \\+ 2 asked > 10 allowed"):
+        book(alice, gpus[1:2], 30, 32)
+
+
+def test_peak_gpus_ignores_periods_outside_the_window():
+    held = [Period(at(0), at(2), 2), Period(at(1), at(3), 1), Period(at(5), at(6), 4)]
+    assert peak_gpus(held, at(0), at(4)) == 3
+    assert peak_gpus(held, at(2), at(4)) == 1
+
+
+def test_busiest_week_finds_the_worst_window_not_just_the_one_ending_at_the_booking():
+    # 10 h two days before, 10 h six days after: no single week holds both with the 1 h asked
+    # in the middle... except windows do: [day -2, day +5) has 10 + 1, [day 0, day 7) has 1 + 10.
+    held = [Period(at(-48), at(-38), 1), Period(at(144), at(154), 1)]
+    used, asked = busiest_week(held, Period(at(0), at(1), 1))
+    assert (used / 3600, asked / 3600) == (10, 1)
+    # With both inside one week of the booking they add up.
+    held = [Period(at(-48), at(-38), 1), Period(at(24), at(34), 1)]
+    used, asked = busiest_week(held, Period(at(0), at(1), 1))
+    assert (used / 3600, asked / 3600) == (20, 1)
