@@ -14,8 +14,28 @@ UNIX_USERNAME_RE = re.compile(r"\A[a-z_][a-z0-9_-]{0,31}\Z")
 
 # Accounts that must never receive a booked GPU: root and the usual system accounts.
 RESERVED_UNIX_USERNAMES = frozenset(
-    {"root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy",
-     "backup", "list", "irc", "nobody", "messagebus", "sshd", "polkitd", "nvidia-persistenced"}
+    {
+        "root",
+        "daemon",
+        "bin",
+        "sys",
+        "sync",
+        "games",
+        "man",
+        "lp",
+        "mail",
+        "news",
+        "uucp",
+        "proxy",
+        "backup",
+        "list",
+        "irc",
+        "nobody",
+        "messagebus",
+        "sshd",
+        "polkitd",
+        "nvidia-persistenced",
+    }
 )
 
 

@@ -36,7 +36,9 @@ def _jsonable(instance: Any) -> dict[str, Any]:
         key: (
             [getattr(v, "pk", v) for v in value]
             if isinstance(value, list | tuple)
-            else value if isinstance(value, str | int | float | bool | type(None)) else str(value)
+            else value
+            if isinstance(value, str | int | float | bool | type(None))
+            else str(value)
         )
         for key, value in data.items()
     }
@@ -52,14 +54,10 @@ class AuditedAdminMixin:
         audit_record(actor=request.user, action=action, target=obj, before=before, after=_jsonable(obj))
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
-        audit_record(
-            actor=request.user, action=f"{obj._meta.model_name}.delete", target=obj, before=_jsonable(obj)
-        )
+        audit_record(actor=request.user, action=f"{obj._meta.model_name}.delete", target=obj, before=_jsonable(obj))
         super().delete_model(request, obj)  # type: ignore[misc]
 
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
         for obj in queryset:
-            audit_record(
-                actor=request.user, action=f"{obj._meta.model_name}.delete", target=obj, before=_jsonable(obj)
-            )
+            audit_record(actor=request.user, action=f"{obj._meta.model_name}.delete", target=obj, before=_jsonable(obj))
         super().delete_queryset(request, queryset)  # type: ignore[misc]

@@ -109,9 +109,7 @@ class Lane:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each run (default 5)")
-    parser.add_argument(
-        "--clients", default="1,4,16", help="comma-separated concurrency levels (default 1,4,16)"
-    )
+    parser.add_argument("--clients", default="1,4,16", help="comma-separated concurrency levels (default 1,4,16)")
     args = parser.parse_args(argv)
     args.levels = [int(part) for part in args.clients.split(",") if part.strip()]
     if args.seconds <= 0 or not args.levels or min(args.levels) < 1 or max(args.levels) > USER_COUNT:
@@ -205,9 +203,7 @@ def create_fixtures() -> tuple[Any, list[Any], list[int]]:
     )
     user_model = get_user_model()
     users = [
-        user_model.objects.create_user(
-            username=f"{USER_PREFIX}{i}", unix_username=f"bench{i}", is_staff=False
-        )
+        user_model.objects.create_user(username=f"{USER_PREFIX}{i}", unix_username=f"bench{i}", is_staff=False)
         for i in range(USER_COUNT)
     ]
     return node, users, sorted(gpu.pk for gpu in gpus)

@@ -53,9 +53,7 @@ class Gpu(models.Model):
     memory_mib = models.PositiveIntegerField("memory (MiB)")
     bookable = models.BooleanField(default=True)
     # Room for MIG: a slice points at the physical GPU it belongs to.
-    parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="slices"
-    )
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="slices")
 
     class Meta:
         ordering = ["node__name", "index"]

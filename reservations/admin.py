@@ -109,26 +109,34 @@ class ReservationAdmin(admin.ModelAdmin):
     inlines = [AllocationInline]
     actions = ["approve_selected", "reject_selected", "cancel_selected"]
     readonly_fields = (
-        "user", "node", "start", "end", "purpose", "status", "created_at", "created_by", "decided_by",
-        "decided_at", "decision_reason", "cancelled_by", "cancelled_at", "cancel_reason", "released_at",
+        "user",
+        "node",
+        "start",
+        "end",
+        "purpose",
+        "status",
+        "created_at",
+        "created_by",
+        "decided_by",
+        "decided_at",
+        "decision_reason",
+        "cancelled_by",
+        "cancelled_at",
+        "cancel_reason",
+        "released_at",
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Reservation]:
-        # Pending first: that is what an admin opens this page for.
-        return (
-            super()
-            .get_queryset(request)
-            .prefetch_related("allocations__gpu")
-            .annotate(
-                pending_first=Case(
-                    When(status=Reservation.Status.PENDING, then=Value(0)), default=Value(1),
-                    output_field=IntegerField(),
-                )
-            )
-        )
+        return super().get_queryset(request).prefetch_related("allocations__gpu")
 
-    def get_ordering(self, request: HttpRequest) -> list[str]:
-        return ["pending_first", "-start"]
+    def get_ordering(self, request: HttpRequest) -> list[Any]:
+        # Pending first: that is what an admin opens this page for.
+        pending_first = Case(
+            When(status=Reservation.Status.PENDING, then=Value(0)),
+            default=Value(1),
+            output_field=IntegerField(),
+        )
+        return [pending_first.asc(), "-start"]
 
     @admin.display(description="GPUs")
     def gpu_list(self, obj: Reservation) -> str:
@@ -136,15 +144,16 @@ class ReservationAdmin(admin.ModelAdmin):
 
     # Adding goes through the booking service; changing is done with the actions only.
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        if obj is None:
-            form_class = super().get_form(request, obj, change=change, form=ReservationAddForm, fields=None, **kwargs)
+        if obj is not None:
+            return super().get_form(request, obj, change=change, **kwargs)
+        kwargs["form"] = ReservationAddForm
+        form_class = super().get_form(request, obj, change=change, **kwargs)
 
-            class BoundActorForm(form_class):  # type: ignore[valid-type, misc]
-                def __init__(self, *args: Any, **kw: Any) -> None:
-                    super().__init__(*args, actor=request.user, **kw)
+        class ActorBoundForm(form_class):  # type: ignore[valid-type, misc]
+            def __init__(self, *args: Any, **form_kwargs: Any) -> None:
+                super().__init__(*args, actor=request.user, **form_kwargs)
 
-            return BoundActorForm
-        return super().get_form(request, obj, change=change, **kwargs)
+        return ActorBoundForm
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return self.readonly_fields if obj else ()
@@ -168,7 +177,11 @@ class ReservationAdmin(admin.ModelAdmin):
     # --- actions --------------------------------------------------------------------------
 
     def _apply(
-        self, request: HttpRequest, queryset: QuerySet[Reservation], verb: str, operation: Callable[[Reservation], Any]
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Reservation],
+        verb: str,
+        operation: Callable[[Reservation], Any],
     ) -> None:
         done, failed = 0, []
         for reservation in queryset:
@@ -185,12 +198,19 @@ class ReservationAdmin(admin.ModelAdmin):
     @admin.action(description="Approve selected reservations", permissions=["change"])
     def approve_selected(self, request: HttpRequest, queryset: QuerySet[Reservation]) -> None:
         self._apply(
-            request, queryset, "Approved",
+            request,
+            queryset,
+            "Approved",
             lambda r: services.reservation_approve(reservation=r, actor=request.user),
         )
 
     def _with_reason(
-        self, request: HttpRequest, queryset: QuerySet[Reservation], action: str, title: str, verb: str,
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Reservation],
+        action: str,
+        title: str,
+        verb: str,
         operation: Callable[[Reservation, str], Any],
     ) -> HttpResponse | None:
         form = ReasonForm(request.POST if "apply" in request.POST else None)
@@ -212,14 +232,22 @@ class ReservationAdmin(admin.ModelAdmin):
     @admin.action(description="Reject selected reservations (with a reason)", permissions=["change"])
     def reject_selected(self, request: HttpRequest, queryset: QuerySet[Reservation]) -> HttpResponse | None:
         return self._with_reason(
-            request, queryset, "reject_selected", "Reject reservations", "Rejected",
+            request,
+            queryset,
+            "reject_selected",
+            "Reject reservations",
+            "Rejected",
             lambda r, reason: services.reservation_reject(reservation=r, actor=request.user, reason=reason),
         )
 
     @admin.action(description="Cancel selected reservations (with a reason)", permissions=["change"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Reservation]) -> HttpResponse | None:
         return self._with_reason(
-            request, queryset, "cancel_selected", "Cancel reservations", "Cancelled",
+            request,
+            queryset,
+            "cancel_selected",
+            "Cancel reservations",
+            "Cancelled",
             lambda r, reason: services.reservation_cancel(reservation=r, actor=request.user, reason=reason),
         )
 
@@ -251,7 +279,12 @@ class MaintenanceWindowAdmin(AuditedAdminMixin, admin.ModelAdmin):
 @admin.register(Limit)
 class LimitAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = (
-        "__str__", "max_gpus_at_once", "max_slot_hours", "weekly_gpu_hours", "max_days_ahead", "requires_approval",
+        "__str__",
+        "max_gpus_at_once",
+        "max_slot_hours",
+        "weekly_gpu_hours",
+        "max_days_ahead",
+        "requires_approval",
     )
     list_filter = ("scope",)
     search_fields = ("group__name", "user__username")
@@ -260,6 +293,14 @@ class LimitAdmin(AuditedAdminMixin, admin.ModelAdmin):
         ("Applies to", {"fields": ("scope", "group", "user")}),
         (
             "Limits (empty: not set here)",
-            {"fields": ("max_gpus_at_once", "max_slot_hours", "weekly_gpu_hours", "max_days_ahead", "requires_approval")},
+            {
+                "fields": (
+                    "max_gpus_at_once",
+                    "max_slot_hours",
+                    "weekly_gpu_hours",
+                    "max_days_ahead",
+                    "requires_approval",
+                )
+            },
         ),
     )

@@ -36,6 +36,11 @@ class EffectiveLimits:
     max_days_ahead: int | None = None
     requires_approval: bool = False
 
+    @property
+    def counts_usage(self) -> bool:
+        """Whether checking needs the user's other bookings (not worth reading otherwise)."""
+        return self.max_gpus_at_once is not None or self.weekly_gpu_hours is not None
+
 
 class Period(NamedTuple):
     """GPUs held (or asked for) over [start, end)."""

@@ -163,14 +163,19 @@ class Limit(models.Model):
         "auth.Group", null=True, blank=True, on_delete=models.CASCADE, related_name="booking_limit"
     )
     user = models.OneToOneField(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="booking_limit"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="booking_limit",
     )
     max_gpus_at_once = models.PositiveIntegerField(
-        "GPUs at once", null=True, blank=True, help_text="How many GPUs one person may hold at the same moment."
+        "GPUs at once",
+        null=True,
+        blank=True,
+        help_text="How many GPUs one person may hold at the same moment.",
     )
-    max_slot_hours = models.DecimalField(
-        "longest slot (hours)", max_digits=7, decimal_places=2, null=True, blank=True
-    )
+    max_slot_hours = models.DecimalField("longest slot (hours)", max_digits=7, decimal_places=2, null=True, blank=True)
     weekly_gpu_hours = models.DecimalField(
         "GPU-hours per rolling 7 days",
         max_digits=9,

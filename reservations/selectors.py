@@ -41,9 +41,7 @@ def held_periods(
     *, user: Any, start: datetime, end: datetime, exclude_reservation_id: int | None = None
 ) -> list[Period]:
     """The user's live bookings overlapping [start, end), one Period per reservation."""
-    qs = Allocation.objects.filter(
-        active=True, reservation__user=user, start__lt=end, end__gt=start
-    )
+    qs = Allocation.objects.filter(active=True, reservation__user=user, start__lt=end, end__gt=start)
     if exclude_reservation_id is not None:
         qs = qs.exclude(reservation_id=exclude_reservation_id)
     rows = qs.values("reservation_id", "start", "end").annotate(gpus=Count("id")).order_by()
@@ -52,11 +50,7 @@ def held_periods(
 
 def reservation_for_update(reservation_id: int) -> Reservation:
     """The reservation, row-locked for the rest of the transaction (a no-op lock on SQLite)."""
-    return (
-        Reservation.objects.select_for_update(of=("self",))
-        .select_related("user", "node")
-        .get(pk=reservation_id)
-    )
+    return Reservation.objects.select_for_update(of=("self",)).select_related("user", "node").get(pk=reservation_id)
 
 
 def reservation_gpus(reservation: Reservation) -> list[Gpu]:

@@ -85,7 +85,7 @@ def reservation_create(
                 limits=limits,
                 slot=(start, end),
                 asked=Period(start, end, len(booked_gpus)),
-                held=selectors.held_periods(user=user, start=start - _WEEK, end=end + _WEEK),
+                held=_held(limits, user=user, start=start, end=end),
                 now=now,
             )
         needs_approval = not actor.is_booking_admin and _approval_required(node, limits)
@@ -117,7 +117,11 @@ def reservation_approve(*, reservation: Reservation, actor: Any, reason: str = "
         locked.decided_by, locked.decided_at, locked.decision_reason = actor, now, reason.strip()
         locked.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
         audit_record(
-            actor=actor, action="reservation.approve", target=locked, before=before, after=_snapshot(locked),
+            actor=actor,
+            action="reservation.approve",
+            target=locked,
+            before=before,
+            after=_snapshot(locked),
             reason=locked.decision_reason,
         )
     return locked
@@ -137,7 +141,11 @@ def reservation_reject(*, reservation: Reservation, actor: Any, reason: str) -> 
         locked.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
         locked.allocations.update(active=False)
         audit_record(
-            actor=actor, action="reservation.reject", target=locked, before=before, after=_snapshot(locked),
+            actor=actor,
+            action="reservation.reject",
+            target=locked,
+            before=before,
+            after=_snapshot(locked),
             reason=reason,
         )
     return locked
@@ -163,7 +171,11 @@ def reservation_cancel(*, reservation: Reservation, actor: Any, reason: str = ""
         locked.save(update_fields=["status", "cancelled_by", "cancelled_at", "cancel_reason"])
         locked.allocations.update(active=False)
         audit_record(
-            actor=actor, action="reservation.cancel", target=locked, before=before, after=_snapshot(locked),
+            actor=actor,
+            action="reservation.cancel",
+            target=locked,
+            before=before,
+            after=_snapshot(locked),
             reason=locked.cancel_reason,
         )
     return locked
@@ -189,9 +201,7 @@ def reservation_release(*, reservation: Reservation, actor: Any) -> Reservation:
         locked.end, locked.released_at = release_at, now
         locked.save(update_fields=["end", "released_at"])
         locked.allocations.update(end=release_at)
-        audit_record(
-            actor=actor, action="reservation.release", target=locked, before=before, after=_snapshot(locked)
-        )
+        audit_record(actor=actor, action="reservation.release", target=locked, before=before, after=_snapshot(locked))
     return locked
 
 
@@ -208,7 +218,9 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
         _require_status(locked, Reservation.LIVE_STATUSES, "extended")
         now = timezone.now()
         if locked.end <= now:
-            raise InvalidState(f"Reservation #{locked.pk} already ended at {format_moment(locked.end)}: book a new slot.")
+            raise InvalidState(
+                f"Reservation #{locked.pk} already ended at {format_moment(locked.end)}: book a new slot."
+            )
         if new_end <= locked.end:
             raise InvalidBooking(
                 f"The new end ({format_moment(new_end)}) must be after the current end ({format_moment(locked.end)}).",
@@ -218,20 +230,19 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
         _bookable_node(gpus)
         _check_slot_free(node=locked.node, gpus=gpus, start=locked.end, end=new_end, reservation=locked)
         if not actor.is_booking_admin:
+            limits = effective_limits(locked.user)
             check_limits(
-                limits=effective_limits(locked.user),
+                limits=limits,
                 slot=(locked.start, new_end),
                 asked=Period(locked.end, new_end, len(gpus)),
-                held=selectors.held_periods(user=locked.user, start=locked.end - _WEEK, end=new_end + _WEEK),
+                held=_held(limits, user=locked.user, start=locked.end, end=new_end),
                 now=now,
             )
         before = _snapshot(locked)
         locked.end = new_end
         locked.save(update_fields=["end"])
         _extend_allocations(locked, new_end)
-        audit_record(
-            actor=actor, action="reservation.extend", target=locked, before=before, after=_snapshot(locked)
-        )
+        audit_record(actor=actor, action="reservation.extend", target=locked, before=before, after=_snapshot(locked))
     return locked
 
 
@@ -332,8 +343,14 @@ def _check_slot_free(
         raise MaintenanceConflict(
             f"Maintenance: {described}.",
             windows=[
-                {"id": w.pk, "node": w.node.name, "gpu": w.gpu_id, "start": w.start.isoformat(),
-                 "end": w.end.isoformat(), "reason": w.reason}
+                {
+                    "id": w.pk,
+                    "node": w.node.name,
+                    "gpu": w.gpu_id,
+                    "start": w.start.isoformat(),
+                    "end": w.end.isoformat(),
+                    "reason": w.reason,
+                }
                 for w in windows
             ],
         )
@@ -355,12 +372,25 @@ def _conflict(clashes: list[Allocation]) -> SlotConflict:
     return SlotConflict(
         f"Slot taken: {described}.",
         conflicts=[
-            {"reservation": a.reservation_id, "gpu": a.gpu_id, "gpu_name": str(a.gpu),
-             "start": a.start.isoformat(), "end": a.end.isoformat(),
-             "user": a.reservation.user.get_username(), "status": a.reservation.status}
+            {
+                "reservation": a.reservation_id,
+                "gpu": a.gpu_id,
+                "gpu_name": str(a.gpu),
+                "start": a.start.isoformat(),
+                "end": a.end.isoformat(),
+                "user": a.reservation.user.get_username(),
+                "status": a.reservation.status,
+            }
             for a in clashes
         ],
     )
+
+
+def _held(limits: EffectiveLimits, *, user: Any, start: datetime, end: datetime) -> list[Period]:
+    """The user's bookings that the rolling-week and at-once limits can see from [start, end)."""
+    if not limits.counts_usage:
+        return []
+    return selectors.held_periods(user=user, start=start - _WEEK, end=end + _WEEK)
 
 
 def _approval_required(node: Node, limits: EffectiveLimits) -> bool:
@@ -407,9 +437,7 @@ def _lock_booking_rows(*, user_id: int, gpu_ids: list[int]) -> None:
 
 
 def _write_allocations(reservation: Reservation, gpus: list[Gpu]) -> None:
-    rows = [
-        Allocation(reservation=reservation, gpu=gpu, start=reservation.start, end=reservation.end) for gpu in gpus
-    ]
+    rows = [Allocation(reservation=reservation, gpu=gpu, start=reservation.start, end=reservation.end) for gpu in gpus]
     _guarded_by_constraint(lambda: Allocation.objects.bulk_create(rows), gpus, reservation)
 
 
@@ -432,8 +460,10 @@ def _guarded_by_constraint(write: Any, gpus: list[Gpu], reservation: Reservation
                 gpus=gpus, start=reservation.start, end=reservation.end, exclude_reservation_id=reservation.pk
             )
         )
-        raise _conflict(clashes) if clashes else SlotConflict(
-            "Slot taken: another booking of these GPUs was saved at the same moment."
+        raise (
+            _conflict(clashes)
+            if clashes
+            else SlotConflict("Slot taken: another booking of these GPUs was saved at the same moment.")
         ) from exc
 
 
@@ -445,7 +475,8 @@ def _booking_transaction() -> Iterator[None]:
             if connection.vendor == "postgresql":
                 with connection.cursor() as cursor:
                     cursor.execute(
-                        "SELECT set_config('lock_timeout', %s, true)", [f"{settings.BOOKING_LOCK_TIMEOUT_MS}ms"]
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        [f"{settings.BOOKING_LOCK_TIMEOUT_MS}ms"],
                     )
             yield
     except OperationalError as exc:

@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -16,24 +15,36 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='AuditEntry',
+            name="AuditEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('created_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ('actor_name', models.CharField(blank=True, max_length=150)),
-                ('action', models.CharField(db_index=True, max_length=64)),
-                ('target_type', models.CharField(max_length=64)),
-                ('target_id', models.CharField(max_length=64)),
-                ('target_repr', models.CharField(blank=True, max_length=200)),
-                ('before', models.JSONField(blank=True, null=True)),
-                ('after', models.JSONField(blank=True, null=True)),
-                ('reason', models.TextField(blank=True)),
-                ('actor', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID"),
+                ),
+                ("created_at", models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
+                ("actor_name", models.CharField(blank=True, max_length=150)),
+                ("action", models.CharField(db_index=True, max_length=64)),
+                ("target_type", models.CharField(max_length=64)),
+                ("target_id", models.CharField(max_length=64)),
+                ("target_repr", models.CharField(blank=True, max_length=200)),
+                ("before", models.JSONField(blank=True, null=True)),
+                ("after", models.JSONField(blank=True, null=True)),
+                ("reason", models.TextField(blank=True)),
+                (
+                    "actor",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'audit entries',
-                'ordering': ['-created_at', '-id'],
-                'indexes': [models.Index(fields=['target_type', 'target_id'], name='audit_target_idx')],
+                "verbose_name_plural": "audit entries",
+                "ordering": ["-created_at", "-id"],
+                "indexes": [models.Index(fields=["target_type", "target_id"], name="audit_target_idx")],
             },
         ),
     ]

@@ -6,43 +6,112 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Node',
+            name="Node",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=63, unique=True, validators=[django.core.validators.RegexValidator('\\A[a-z0-9][a-z0-9-]{0,62}\\Z', "Use 1 to 63 lower-case letters, digits or '-', starting with a letter or digit.")])),
-                ('hostname', models.CharField(help_text='The host researchers ssh to.', max_length=253)),
-                ('description', models.TextField(blank=True)),
-                ('status', models.CharField(choices=[('active', 'Active'), ('maintenance', 'In maintenance'), ('disabled', 'Disabled')], default='active', help_text='Only active nodes take new bookings; existing bookings are kept.', max_length=16)),
-                ('requires_approval', models.BooleanField(default=False, help_text="Every booking on this node waits for an admin's approval.")),
+                (
+                    "id",
+                    models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID"),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=63,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "\\A[a-z0-9][a-z0-9-]{0,62}\\Z",
+                                "Use 1 to 63 lower-case letters, digits or '-', starting with a letter or digit.",
+                            )
+                        ],
+                    ),
+                ),
+                ("hostname", models.CharField(help_text="The host researchers ssh to.", max_length=253)),
+                ("description", models.TextField(blank=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("active", "Active"),
+                            ("maintenance", "In maintenance"),
+                            ("disabled", "Disabled"),
+                        ],
+                        default="active",
+                        help_text="Only active nodes take new bookings; existing bookings are kept.",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "requires_approval",
+                    models.BooleanField(
+                        default=False, help_text="Every booking on this node waits for an admin's approval."
+                    ),
+                ),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Gpu',
+            name="Gpu",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveSmallIntegerField(help_text='The index NVML gives this GPU on its node.')),
-                ('uuid', models.CharField(max_length=80, unique=True, validators=[django.core.validators.RegexValidator('\\A(GPU|MIG)-[0-9a-fA-F-]{8,64}\\Z', 'Use the UUID NVML reports, like GPU-5f2c1d7e-... or MIG-...')], verbose_name='UUID')),
-                ('model', models.CharField(max_length=100)),
-                ('memory_mib', models.PositiveIntegerField(verbose_name='memory (MiB)')),
-                ('bookable', models.BooleanField(default=True)),
-                ('parent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='slices', to='nodes.gpu')),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='gpus', to='nodes.node')),
+                (
+                    "id",
+                    models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID"),
+                ),
+                (
+                    "index",
+                    models.PositiveSmallIntegerField(help_text="The index NVML gives this GPU on its node."),
+                ),
+                (
+                    "uuid",
+                    models.CharField(
+                        max_length=80,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "\\A(GPU|MIG)-[0-9a-fA-F-]{8,64}\\Z",
+                                "Use the UUID NVML reports, like GPU-5f2c1d7e-... or MIG-...",
+                            )
+                        ],
+                        verbose_name="UUID",
+                    ),
+                ),
+                ("model", models.CharField(max_length=100)),
+                ("memory_mib", models.PositiveIntegerField(verbose_name="memory (MiB)")),
+                ("bookable", models.BooleanField(default=True)),
+                (
+                    "parent",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="slices",
+                        to="nodes.gpu",
+                    ),
+                ),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="gpus", to="nodes.node"
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'GPU',
-                'ordering': ['node__name', 'index'],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('parent__isnull', True)), fields=('node', 'index'), name='gpu_unique_index_per_node')],
+                "verbose_name": "GPU",
+                "ordering": ["node__name", "index"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("parent__isnull", True)),
+                        fields=("node", "index"),
+                        name="gpu_unique_index_per_node",
+                    )
+                ],
             },
         ),
     ]

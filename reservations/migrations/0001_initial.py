@@ -3,19 +3,19 @@
 import django.contrib.postgres.fields.ranges
 import django.db.models.deletion
 import django.utils.timezone
-import reservations.constraints
 from django.conf import settings
 from django.contrib.postgres.operations import BtreeGistExtension
 from django.db import migrations, models
 
+import reservations.constraints
+
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('auth', '0012_alter_user_first_name_max_length'),
-        ('nodes', '0001_initial'),
+        ("auth", "0012_alter_user_first_name_max_length"),
+        ("nodes", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
@@ -24,108 +24,320 @@ class Migration(migrations.Migration):
         # A no-op on SQLite.
         BtreeGistExtension(),
         migrations.CreateModel(
-            name='Allocation',
+            name="Allocation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('start', models.DateTimeField()),
-                ('end', models.DateTimeField()),
-                ('active', models.BooleanField(default=True)),
-                ('gpu', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='allocations', to='nodes.gpu')),
+                (
+                    "id",
+                    models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID"),
+                ),
+                ("start", models.DateTimeField()),
+                ("end", models.DateTimeField()),
+                ("active", models.BooleanField(default=True)),
+                (
+                    "gpu",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="allocations",
+                        to="nodes.gpu",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Reservation',
+            name="Reservation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('start', models.DateTimeField()),
-                ('end', models.DateTimeField()),
-                ('purpose', models.TextField(blank=True)),
-                ('status', models.CharField(choices=[('pending', 'Pending approval'), ('approved', 'Approved'), ('rejected', 'Rejected'), ('cancelled', 'Cancelled')], default='pending', max_length=16)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('decided_at', models.DateTimeField(blank=True, null=True)),
-                ('decision_reason', models.TextField(blank=True)),
-                ('cancelled_at', models.DateTimeField(blank=True, null=True)),
-                ('cancel_reason', models.TextField(blank=True)),
-                ('released_at', models.DateTimeField(blank=True, null=True)),
-                ('cancelled_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('decided_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('gpus', models.ManyToManyField(related_name='reservations', through='reservations.Allocation', to='nodes.gpu')),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='reservations', to='nodes.node')),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='reservations', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID"),
+                ),
+                ("start", models.DateTimeField()),
+                ("end", models.DateTimeField()),
+                ("purpose", models.TextField(blank=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending approval"),
+                            ("approved", "Approved"),
+                            ("rejected", "Rejected"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("decided_at", models.DateTimeField(blank=True, null=True)),
+                ("decision_reason", models.TextField(blank=True)),
+                ("cancelled_at", models.DateTimeField(blank=True, null=True)),
+                ("cancel_reason", models.TextField(blank=True)),
+                ("released_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "cancelled_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "decided_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "gpus",
+                    models.ManyToManyField(
+                        related_name="reservations", through="reservations.Allocation", to="nodes.gpu"
+                    ),
+                ),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="reservations",
+                        to="nodes.node",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="reservations",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['start', 'id'],
+                "ordering": ["start", "id"],
             },
         ),
         migrations.AddField(
-            model_name='allocation',
-            name='reservation',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='allocations', to='reservations.reservation'),
+            model_name="allocation",
+            name="reservation",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="allocations",
+                to="reservations.reservation",
+            ),
         ),
         migrations.CreateModel(
-            name='Limit',
+            name="Limit",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('scope', models.CharField(choices=[('site', 'Site default'), ('group', 'Group'), ('user', 'User override')], max_length=8)),
-                ('max_gpus_at_once', models.PositiveIntegerField(blank=True, help_text='How many GPUs one person may hold at the same moment.', null=True, verbose_name='GPUs at once')),
-                ('max_slot_hours', models.DecimalField(blank=True, decimal_places=2, max_digits=7, null=True, verbose_name='longest slot (hours)')),
-                ('weekly_gpu_hours', models.DecimalField(blank=True, decimal_places=2, help_text='Counted over every 7-day window that touches the booking.', max_digits=9, null=True, verbose_name='GPU-hours per rolling 7 days')),
-                ('max_days_ahead', models.PositiveIntegerField(blank=True, help_text='How far ahead a booking may end.', null=True, verbose_name='days ahead')),
-                ('requires_approval', models.BooleanField(blank=True, help_text="Whether bookings wait for an admin's approval.", null=True)),
-                ('group', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='booking_limit', to='auth.group')),
-                ('user', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='booking_limit', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID"),
+                ),
+                (
+                    "scope",
+                    models.CharField(
+                        choices=[("site", "Site default"), ("group", "Group"), ("user", "User override")],
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "max_gpus_at_once",
+                    models.PositiveIntegerField(
+                        blank=True,
+                        help_text="How many GPUs one person may hold at the same moment.",
+                        null=True,
+                        verbose_name="GPUs at once",
+                    ),
+                ),
+                (
+                    "max_slot_hours",
+                    models.DecimalField(
+                        blank=True,
+                        decimal_places=2,
+                        max_digits=7,
+                        null=True,
+                        verbose_name="longest slot (hours)",
+                    ),
+                ),
+                (
+                    "weekly_gpu_hours",
+                    models.DecimalField(
+                        blank=True,
+                        decimal_places=2,
+                        help_text="Counted over every 7-day window that touches the booking.",
+                        max_digits=9,
+                        null=True,
+                        verbose_name="GPU-hours per rolling 7 days",
+                    ),
+                ),
+                (
+                    "max_days_ahead",
+                    models.PositiveIntegerField(
+                        blank=True,
+                        help_text="How far ahead a booking may end.",
+                        null=True,
+                        verbose_name="days ahead",
+                    ),
+                ),
+                (
+                    "requires_approval",
+                    models.BooleanField(
+                        blank=True, help_text="Whether bookings wait for an admin's approval.", null=True
+                    ),
+                ),
+                (
+                    "group",
+                    models.OneToOneField(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="booking_limit",
+                        to="auth.group",
+                    ),
+                ),
+                (
+                    "user",
+                    models.OneToOneField(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="booking_limit",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(condition=models.Q(('scope', 'site')), fields=('scope',), name='limit_one_site_default'), models.CheckConstraint(condition=models.Q(models.Q(('group__isnull', True), ('scope', 'site'), ('user__isnull', True)), models.Q(('group__isnull', False), ('scope', 'group'), ('user__isnull', True)), models.Q(('group__isnull', True), ('scope', 'user'), ('user__isnull', False)), _connector='OR'), name='limit_scope_matches_target')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("scope", "site")),
+                        fields=("scope",),
+                        name="limit_one_site_default",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("group__isnull", True), ("scope", "site"), ("user__isnull", True)),
+                            models.Q(("group__isnull", False), ("scope", "group"), ("user__isnull", True)),
+                            models.Q(("group__isnull", True), ("scope", "user"), ("user__isnull", False)),
+                            _connector="OR",
+                        ),
+                        name="limit_scope_matches_target",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='MaintenanceWindow',
+            name="MaintenanceWindow",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('start', models.DateTimeField()),
-                ('end', models.DateTimeField()),
-                ('reason', models.CharField(blank=True, max_length=200)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('gpu', models.ForeignKey(blank=True, help_text='Leave empty to block the whole node.', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='maintenance_windows', to='nodes.gpu')),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='maintenance_windows', to='nodes.node')),
+                (
+                    "id",
+                    models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID"),
+                ),
+                ("start", models.DateTimeField()),
+                ("end", models.DateTimeField()),
+                ("reason", models.CharField(blank=True, max_length=200)),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "gpu",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Leave empty to block the whole node.",
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="maintenance_windows",
+                        to="nodes.gpu",
+                    ),
+                ),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="maintenance_windows",
+                        to="nodes.node",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['start'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('end__gt', models.F('start'))), name='maintenance_end_after_start')],
+                "ordering": ["start"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("end__gt", models.F("start"))), name="maintenance_end_after_start"
+                    )
+                ],
             },
         ),
         migrations.AddIndex(
-            model_name='reservation',
-            index=models.Index(fields=['status', 'start'], name='reservation_status_start_idx'),
+            model_name="reservation",
+            index=models.Index(fields=["status", "start"], name="reservation_status_start_idx"),
         ),
         migrations.AddIndex(
-            model_name='reservation',
-            index=models.Index(fields=['user', 'end'], name='reservation_user_end_idx'),
+            model_name="reservation",
+            index=models.Index(fields=["user", "end"], name="reservation_user_end_idx"),
         ),
         migrations.AddIndex(
-            model_name='reservation',
-            index=models.Index(fields=['node', 'start'], name='reservation_node_start_idx'),
+            model_name="reservation",
+            index=models.Index(fields=["node", "start"], name="reservation_node_start_idx"),
         ),
         migrations.AddConstraint(
-            model_name='reservation',
-            constraint=models.CheckConstraint(condition=models.Q(('end__gt', models.F('start'))), name='reservation_end_after_start'),
+            model_name="reservation",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("end__gt", models.F("start"))), name="reservation_end_after_start"
+            ),
         ),
         migrations.AddIndex(
-            model_name='allocation',
-            index=models.Index(condition=models.Q(('active', True)), fields=['gpu', 'start', 'end'], name='allocation_active_gpu_idx'),
+            model_name="allocation",
+            index=models.Index(
+                condition=models.Q(("active", True)),
+                fields=["gpu", "start", "end"],
+                name="allocation_active_gpu_idx",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='allocation',
-            constraint=models.UniqueConstraint(fields=('reservation', 'gpu'), name='allocation_unique_gpu_per_reservation'),
+            model_name="allocation",
+            constraint=models.UniqueConstraint(
+                fields=("reservation", "gpu"), name="allocation_unique_gpu_per_reservation"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='allocation',
-            constraint=models.CheckConstraint(condition=models.Q(('end__gt', models.F('start'))), name='allocation_end_after_start'),
+            model_name="allocation",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("end__gt", models.F("start"))), name="allocation_end_after_start"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='allocation',
-            constraint=reservations.constraints.PostgresExclusionConstraint(condition=models.Q(('active', True)), expressions=[('gpu', '='), (reservations.constraints.TsTzRange('start', 'end', django.contrib.postgres.fields.ranges.RangeBoundary()), '&&')], name='allocation_no_overlap'),
+            model_name="allocation",
+            constraint=reservations.constraints.PostgresExclusionConstraint(
+                condition=models.Q(("active", True)),
+                expressions=[
+                    ("gpu", "="),
+                    (
+                        reservations.constraints.TsTzRange(
+                            "start", "end", django.contrib.postgres.fields.ranges.RangeBoundary()
+                        ),
+                        "&&",
+                    ),
+                ],
+                name="allocation_no_overlap",
+            ),
         ),
     ]

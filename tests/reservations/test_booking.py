@@ -189,7 +189,14 @@ def test_every_change_is_audited_with_before_and_after(alice, carol, gpus, node)
 
     create, reject = AuditEntry.objects.filter(target_id=str(reservation.pk)).order_by("id")
     assert (create.action, create.actor, create.before, create.after["status"]) == (
-        "reservation.create", alice, None, "pending",
+        "reservation.create",
+        alice,
+        None,
+        "pending",
     )
-    assert (reject.action, reject.actor, reject.reason) == ("reservation.reject", carol, "GPU reserved for the course")
+    assert (reject.action, reject.actor, reject.reason) == (
+        "reservation.reject",
+        carol,
+        "GPU reserved for the course",
+    )
     assert (reject.before["status"], reject.after["status"]) == ("pending", "rejected")

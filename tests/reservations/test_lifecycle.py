@@ -73,7 +73,9 @@ def test_a_booking_that_ended_while_pending_cannot_be_approved(pending, carol, c
 def test_the_owner_cancels_before_the_start(alice, gpus):
     reservation = reservation_cancel(reservation=book(alice, gpus[:1], 1, 3), actor=alice, reason="plans changed")
     assert (reservation.status, reservation.cancelled_by, reservation.cancel_reason) == (
-        Status.CANCELLED, alice, "plans changed",
+        Status.CANCELLED,
+        alice,
+        "plans changed",
     )
     assert not reservation.allocations.filter(active=True).exists()
 
@@ -118,7 +120,11 @@ def test_release_ends_a_running_slot_now_and_frees_the_rest(alice, bob, gpus, cl
 
     released = reservation_release(reservation=reservation, actor=alice)
 
-    assert (released.end, released.released_at, released.status) == (at(1 + 10 / 60), at(1 + 10 / 60), Status.APPROVED)
+    assert (released.end, released.released_at, released.status) == (
+        at(1 + 10 / 60),
+        at(1 + 10 / 60),
+        Status.APPROVED,
+    )
     assert set(released.allocations.values_list("end", flat=True)) == {at(1 + 10 / 60)}
     assert book(bob, gpus[:2], 1.25, 4).allocations.count() == 2
 
@@ -136,7 +142,9 @@ def test_release_of_a_finished_slot_is_refused(alice, gpus, clock):
 
 
 def test_extend_moves_the_end_of_the_reservation_and_its_allocations(alice, gpus):
-    reservation = reservation_extend(reservation=book(alice, gpus[:2], 1, 3), actor=alice, end=at(4) + timedelta(minutes=1))
+    reservation = reservation_extend(
+        reservation=book(alice, gpus[:2], 1, 3), actor=alice, end=at(4) + timedelta(minutes=1)
+    )
     assert reservation.end == at(4.25)
     assert set(reservation.allocations.values_list("end", flat=True)) == {at(4.25)}
 

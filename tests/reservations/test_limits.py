@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-
 import pytest
 from django.contrib.auth.models import Group
 
@@ -59,14 +58,14 @@ def test_gpus_at_once_counts_what_is_held_at_the_same_moment(alice, gpus):
 
 def test_longest_slot(alice, gpus):
     site_limits(max_slot_hours=8)
-    with pytest.raises(LimitExceeded, match="^longest slot: 8.5 hours asked > 8 allowed$"):
+    with pytest.raises(LimitExceeded, match=r"^longest slot: 8.5 hours asked > 8 allowed$"):
         book(alice, gpus[:1], 1, 9.5)
     assert book(alice, gpus[:1], 1, 9).end == at(9)
 
 
 def test_days_ahead(alice, gpus):
     site_limits(max_days_ahead=14)
-    with pytest.raises(LimitExceeded, match="^days ahead: the slot ends 15 days from now > 14 allowed$"):
+    with pytest.raises(LimitExceeded, match=r"^days ahead: the slot ends 15 days from now > 14 allowed$"):
         book(alice, gpus[:1], 14 * 24 + 23, 15 * 24)
 
 
@@ -111,7 +110,7 @@ def test_extending_checks_the_limits_on_the_added_time(alice, gpus):
     site_limits(weekly_gpu_hours=10, max_slot_hours=8)
     reservation = book(alice, gpus[:1], 1, 5)
 
-    with pytest.raises(LimitExceeded, match="^longest slot: 9 hours asked > 8 allowed$"):
+    with pytest.raises(LimitExceeded, match=r"^longest slot: 9 hours asked > 8 allowed$"):
         reservation_extend(reservation=reservation, actor=alice, end=at(10))
     reservation_extend(reservation=reservation, actor=alice, end=at(9))
     book(alice, gpus[1:2], 20, 21)

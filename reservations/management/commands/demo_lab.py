@@ -41,17 +41,28 @@ class Command(BaseCommand):
             users = self._users()
             Limit.objects.get_or_create(
                 scope=Limit.Scope.SITE,
-                defaults={"max_gpus_at_once": 4, "max_slot_hours": 48, "weekly_gpu_hours": 200, "max_days_ahead": 30},
+                defaults={
+                    "max_gpus_at_once": 4,
+                    "max_slot_hours": 48,
+                    "weekly_gpu_hours": 200,
+                    "max_days_ahead": 30,
+                },
             )
         if not Reservation.objects.filter(user__in=users.values()).exists():
             self._bookings(users)
-        self.stdout.write(self.style.SUCCESS("Demo lab ready: nodes gpu-a100 and gpu-4090, users carol (admin), alice, bob."))
+        self.stdout.write(
+            self.style.SUCCESS("Demo lab ready: nodes gpu-a100 and gpu-4090, users carol (admin), alice, bob.")
+        )
 
     def _nodes(self) -> None:
         for name, hostname, model, memory, approval in NODES:
             node, _ = Node.objects.get_or_create(
                 name=name,
-                defaults={"hostname": hostname, "description": f"4 x {model} (simulated)", "requires_approval": approval},
+                defaults={
+                    "hostname": hostname,
+                    "description": f"4 x {model} (simulated)",
+                    "requires_approval": approval,
+                },
             )
             for index in range(4):
                 Gpu.objects.get_or_create(
@@ -93,7 +104,13 @@ class Command(BaseCommand):
         rtx = list(Gpu.objects.filter(node__name="gpu-4090").order_by("index"))
         plan = [
             (users["alice"], a100[:2], cell, cell + timedelta(hours=3), "fine-tuning a 7B model"),
-            (users["bob"], a100[2:3], cell + timedelta(hours=1), cell + timedelta(hours=5), "protein folding sweep"),
+            (
+                users["bob"],
+                a100[2:3],
+                cell + timedelta(hours=1),
+                cell + timedelta(hours=5),
+                "protein folding sweep",
+            ),
             (users["bob"], rtx[:1], cell + timedelta(days=1), cell + timedelta(days=1, hours=8), "rendering"),
             (users["alice"], rtx[1:3], cell + timedelta(hours=4), cell + timedelta(hours=6), "ablation runs"),
         ]

@@ -1,0 +1,123 @@
+"""Truly simultaneous bookings on PostgreSQL, each thread on its own connection (pretix style).
+
+The main test shows the service lets exactly one of 32 overlapping attempts through. The control
+tests take the service's lock away and show that the race is real (every attempt passes the
+check) and that the exclusion constraint still refuses all but one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from reservations import services
+from reservations.exceptions import SlotConflict
+from reservations.models import Allocation, Reservation
+from reservations.timegrid import floor_to_grid
+from tests.factories import UserFactory
+
+pytestmark = [
+    pytest.mark.postgres_only,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="needs PostgreSQL"),
+]
+ATTEMPTS = 32
+
+
+def _race(users, gpu, base) -> Counter:
+    """Each user tries to book an overlapping period of ``gpu`` at the same instant."""
+    barrier = threading.Barrier(len(users))
+    outcomes: Counter = Counter()
+    lock = threading.Lock()
+
+    def attempt(i: int, user) -> None:
+        try:
+            barrier.wait()
+            # Staggered but overlapping: every pair of periods overlaps.
+            start = base + timedelta(minutes=15 * (i % 4))
+            services.reservation_create(user=user, gpus=[gpu], start=start, end=start + timedelta(hours=2))
+            result = "booked"
+        except SlotConflict:
+            result = "conflict"
+        except Exception as exc:
+            result = f"error: {exc!r}"
+        finally:
+            connection.close()
+        with lock:
+            outcomes[result] += 1
+
+    threads = [threading.Thread(target=attempt, args=(i, user)) for i, user in enumerate(users)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return outcomes
+
+
+def _no_overlap_in_table(gpu) -> bool:
+    rows = list(Allocation.objects.filter(gpu=gpu, active=True).order_by("start").values_list("start", "end"))
+    return all(prev_end <= start for (_, prev_end), (start, _) in itertools.pairwise(rows))
+
+
+@pytest.fixture
+def racers(node):
+    return [UserFactory(username=f"racer{i}") for i in range(ATTEMPTS)]
+
+
+@pytest.fixture
+def base():
+    return floor_to_grid(timezone.now()) + timedelta(days=1)
+
+
+def test_exactly_one_of_32_simultaneous_bookings_wins(racers, gpus, base):
+    outcomes = _race(racers, gpus[0], base)
+
+    assert outcomes == Counter({"booked": 1, "conflict": ATTEMPTS - 1})
+    assert Reservation.objects.count() == 1
+    assert _no_overlap_in_table(gpus[0])
+
+
+def test_control_without_the_lock_the_race_is_real_and_the_constraint_holds(racers, gpus, base, monkeypatch):
+    """Turn the row locks off and hold every attempt after its check until all have checked:
+    all 32 pass the check (the race is real), and the constraint still lets only one write."""
+    passed_check = threading.Barrier(ATTEMPTS, timeout=30)
+    real_check = services._check_slot_free
+
+    def check_then_wait(**kwargs):
+        real_check(**kwargs)
+        passed_check.wait()
+
+    monkeypatch.setattr(services, "_lock_booking_rows", lambda **kwargs: None)
+    monkeypatch.setattr(services, "_check_slot_free", check_then_wait)
+
+    outcomes = _race(racers, gpus[0], base)
+
+    assert outcomes == Counter({"booked": 1, "conflict": ATTEMPTS - 1})
+    assert Reservation.objects.count() == 1
+    assert _no_overlap_in_table(gpus[0])
+
+
+def test_the_constraint_refuses_an_overlap_written_around_the_service(alice, gpus, base):
+    reservation = services.reservation_create(user=alice, gpus=[gpus[0]], start=base, end=base + timedelta(hours=2))
+
+    with pytest.raises(IntegrityError) as refused, transaction.atomic():
+        Allocation.objects.create(
+            reservation=reservation, gpu=gpus[1], start=base, end=base + timedelta(hours=1)
+        )  # a different GPU is fine...
+        other = Reservation.objects.create(user=alice, node=reservation.node, start=base, end=base + timedelta(hours=1))
+        Allocation.objects.create(
+            reservation=other, gpu=gpus[0], start=base + timedelta(hours=1), end=base + timedelta(hours=3)
+        )
+
+    assert refused.value.__cause__.sqlstate == "23P01"
+    # ...and an inactive (cancelled) row may overlap: only live bookings hold slots.
+    other = Reservation.objects.create(
+        user=alice, node=reservation.node, start=base, end=base + timedelta(hours=1), status="cancelled"
+    )
+    Allocation.objects.create(reservation=other, gpu=gpus[0], start=base, end=base + timedelta(hours=1), active=False)
