@@ -15,7 +15,7 @@ What it measures
 
     The booking tables are emptied before every run, so each run starts from the same state.
     No Limit rows exist and the node does not require approval, so no limits apply; the limit
-    check still runs (it reads the user's bookings of the surrounding weeks).
+    check still runs, but with no limit on GPUs at once or weekly hours it reads nothing more.
 
 How to run it
     It needs PostgreSQL (the exclusion constraint and row locks are what is measured) and a
