@@ -25,3 +25,24 @@ class User(AbstractUser):
     def is_booking_admin(self) -> bool:
         """Admins approve bookings, may book past limits and act on anyone's reservation."""
         return self.is_active and (self.is_staff or self.is_superuser)
+
+
+class ApiToken(models.Model):
+    """A personal API token for scripts. Only a SHA-256 of the token is stored; it is shown once."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    # The first characters of the token, kept in clear so a person can tell their tokens apart.
+    prefix = models.CharField(max_length=16)
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        return f"{self.user.get_username()}: {self.name} ({self.prefix}…)"

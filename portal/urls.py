@@ -1,6 +1,7 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 admin.site.site_header = "GPU booking portal"
 admin.site.site_title = "GPU booking portal"
@@ -8,5 +9,8 @@ admin.site.index_title = "Lab administration"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/v1/", include(("portal.api_urls", "api"), namespace="api")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("", RedirectView.as_view(pattern_name="admin:index", permanent=False)),
 ]

@@ -55,3 +55,33 @@ def reservation_for_update(reservation_id: int) -> Reservation:
 
 def reservation_gpus(reservation: Reservation) -> list[Gpu]:
     return list(Gpu.objects.filter(allocations__reservation=reservation).select_related("node").order_by("index"))
+
+
+def reservation_list(*, user: Any) -> QuerySet[Reservation]:
+    """What ``user`` may see: admins everything; researchers their own reservations and everyone
+    else's live ones (shown as busy slots by the serializer)."""
+    qs = Reservation.objects.select_related("user", "node", "decided_by").prefetch_related("allocations__gpu")
+    if not user.is_booking_admin:
+        qs = qs.filter(Q(user=user) | Q(status__in=Reservation.LIVE_STATUSES))
+    return qs.order_by("start", "id")
+
+
+def reservations_actionable(*, user: Any) -> QuerySet[Reservation]:
+    """The reservations ``user`` may act on (others' answer 404)."""
+    qs = reservation_list(user=user)
+    return qs if user.is_booking_admin else qs.filter(user=user)
+
+
+def free_gpus(*, node: Node, count: int, start: datetime, end: datetime) -> list[Gpu]:
+    """The first ``count`` bookable GPUs of ``node`` (by index) free over [start, end), or fewer."""
+    busy = Allocation.objects.filter(active=True, gpu__node=node, start__lt=end, end__gt=start).values("gpu_id")
+    blocked = MaintenanceWindow.objects.filter(node=node, gpu__isnull=False, start__lt=end, end__gt=start).values(
+        "gpu_id"
+    )
+    return list(
+        Gpu.objects.filter(node=node, bookable=True, parent__isnull=True)
+        .exclude(pk__in=busy)
+        .exclude(pk__in=blocked)
+        .select_related("node")
+        .order_by("index")[:count]
+    )

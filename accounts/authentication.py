@@ -1,0 +1,45 @@
+"""DRF authentication with personal API tokens: ``Authorization: Bearer gpb_...``."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from accounts.models import ApiToken
+from accounts.services import hash_token
+
+# Writing last_used_at on every request would turn each read into a write; once a minute is enough.
+_LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+class ApiTokenAuthentication(authentication.BaseAuthentication):
+    keywords = ("bearer", "token")
+
+    def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower().decode(errors="replace") not in self.keywords:
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Send the header as 'Authorization: Bearer <token>'.")
+        try:
+            key = header[1].decode()
+        except UnicodeDecodeError:
+            raise exceptions.AuthenticationFailed("The token contains invalid characters.") from None
+        token = ApiToken.objects.select_related("user").filter(key_hash=hash_token(key)).first()
+        now = timezone.now()
+        if token is None or token.revoked_at is not None:
+            raise exceptions.AuthenticationFailed("Unknown or revoked API token.")
+        if token.expires_at is not None and token.expires_at <= now:
+            raise exceptions.AuthenticationFailed("This API token has expired: create a new one.")
+        if not token.user.is_active:
+            raise exceptions.AuthenticationFailed("This account is disabled.")
+        if token.last_used_at is None or now - token.last_used_at > _LAST_USED_RESOLUTION:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return token.user, token
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="api"'

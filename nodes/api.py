@@ -1,0 +1,60 @@
+"""Read-only REST API for nodes and GPUs."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import serializers, viewsets
+
+from nodes import selectors
+from nodes.models import Gpu, Node
+from nodes.serializers import GpuSerializer, NodeSerializer
+from portal.api_schema import READ_ERRORS
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Nodes", responses={200: NodeSerializer(many=True), **READ_ERRORS}),
+    retrieve=extend_schema(summary="One node", responses={200: NodeSerializer, **READ_ERRORS}),
+)
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = NodeSerializer
+    lookup_field = "name"
+
+    def get_queryset(self) -> QuerySet[Node]:
+        return selectors.node_list()
+
+
+class GpuFilters(serializers.Serializer):
+    node = serializers.CharField(required=False, max_length=63)
+    model = serializers.CharField(required=False, max_length=100)
+    min_memory_gb = serializers.IntegerField(required=False, min_value=0, max_value=100_000)
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="GPUs with their current holder and next booking",
+        parameters=[
+            OpenApiParameter("node", str, description="Node name."),
+            OpenApiParameter("model", str, description="Part of the model name, e.g. A100."),
+            OpenApiParameter("min_memory_gb", int, description="At least this much memory."),
+        ],
+        responses={200: GpuSerializer(many=True), **READ_ERRORS},
+    ),
+    retrieve=extend_schema(summary="One GPU", responses={200: GpuSerializer, **READ_ERRORS}),
+)
+class GpuViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = GpuSerializer
+
+    def get_queryset(self) -> QuerySet[Gpu]:
+        filters = GpuFilters(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        data = filters.validated_data
+        memory_gb = data.get("min_memory_gb")
+        return selectors.gpu_list(
+            now=timezone.now(),
+            node=data.get("node"),
+            model=data.get("model"),
+            # Vendors count GB in powers of ten: a "24 GB" card reports 24564 MiB, under 24 * 1024.
+            min_memory_mib=memory_gb * 1000**3 // 1024**2 if memory_gb is not None else None,
+        )

@@ -1,0 +1,85 @@
+"""API plumbing shared by every app: one error shape, and the token-aware throttle.
+
+Every error the API returns looks like::
+
+    {"error": {"code": "slot_conflict", "message": "Slot taken: ...", "details": {...}}}
+
+``code`` is for programs, ``message`` is for people, ``details`` says which slots, limits or fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.throttling import UserRateThrottle
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from reservations import exceptions as booking
+
+BOOKING_STATUS = {
+    booking.InvalidBooking: status.HTTP_400_BAD_REQUEST,
+    booking.SlotConflict: status.HTTP_409_CONFLICT,
+    booking.InvalidState: status.HTTP_409_CONFLICT,
+    booking.LimitExceeded: status.HTTP_403_FORBIDDEN,
+    booking.NotAllowed: status.HTTP_403_FORBIDDEN,
+    booking.BookingBusy: status.HTTP_503_SERVICE_UNAVAILABLE,
+}
+
+
+def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": details or {}}}
+
+
+def _status_for(exc: booking.BookingError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in BOOKING_STATUS:
+            return BOOKING_STATUS[cls]
+    return status.HTTP_400_BAD_REQUEST
+
+
+def _flatten(detail: Any) -> Any:
+    if isinstance(detail, dict):
+        return {key: _flatten(value) for key, value in detail.items()}
+    if isinstance(detail, list):
+        return [_flatten(item) for item in detail]
+    return str(detail)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, booking.BookingError):
+        response = Response(error_body(exc.code, exc.message, exc.details), status=_status_for(exc))
+        if isinstance(exc, booking.BookingBusy):
+            response["Retry-After"] = "2"
+        return response
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _flatten(exc.detail) if isinstance(exc.detail, dict) else {"non_field_errors": _flatten(exc.detail)}
+        problems = "; ".join(
+            f"{name}: {' '.join(msgs) if isinstance(msgs, list) and all(isinstance(m, str) for m in msgs) else msgs}"
+            for name, msgs in fields.items()
+        )
+        response.data = error_body("invalid", f"Invalid input — {problems}", {"fields": fields})
+    elif isinstance(exc, exceptions.APIException):
+        code = exc.get_codes() if isinstance(exc.get_codes(), str) else "error"
+        response.data = error_body(str(code), str(exc.detail))
+    else:  # Http404 or PermissionDenied from Django, already mapped to a status by DRF
+        code = {404: "not_found", 403: "permission_denied"}.get(response.status_code, "error")
+        message = "Not found." if response.status_code == 404 else "You do not have permission to do this."
+        response.data = error_body(code, message)
+    return response
+
+
+class TokenRateThrottle(UserRateThrottle):
+    """Rate per API token (a script's key), per user for browser sessions."""
+
+    scope = "user"
+
+    def get_cache_key(self, request: Any, view: Any) -> str | None:
+        token = getattr(request, "auth", None)
+        if token is not None and getattr(token, "pk", None):
+            return self.cache_format % {"scope": self.scope, "ident": f"token-{token.pk}"}
+        return super().get_cache_key(request, view)

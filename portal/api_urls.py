@@ -1,0 +1,16 @@
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter
+
+from accounts.api import MeView
+from nodes.api import GpuViewSet, NodeViewSet
+from reservations.api import ReservationViewSet
+
+router = DefaultRouter()
+router.register("nodes", NodeViewSet, basename="node")
+router.register("gpus", GpuViewSet, basename="gpu")
+router.register("reservations", ReservationViewSet, basename="reservation")
+
+urlpatterns = [
+    path("me/", MeView.as_view(), name="me"),
+    path("", include(router.urls)),
+]

@@ -1,0 +1,171 @@
+"""REST API for reservations: thin views over the services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from nodes.models import Node
+from portal.api_schema import ERRORS
+from reservations import selectors, services
+from reservations.exceptions import InvalidBooking, SlotConflict
+from reservations.models import Reservation
+from reservations.serializers import (
+    ExtendInput,
+    ReasonInput,
+    RequiredReasonInput,
+    ReservationCreateInput,
+    ReservationSerializer,
+)
+from reservations.timegrid import ceil_to_grid, floor_to_grid
+
+ACTIONS = ("cancel", "release", "extend", "approve", "reject")
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="Reservations you can see",
+        parameters=[
+            OpenApiParameter("mine", bool, description="Only your own reservations."),
+            OpenApiParameter("node", str, description="Node name."),
+            OpenApiParameter("status", str, enum=Reservation.Status.values),
+            OpenApiParameter("after", str, description="Only those ending after this ISO 8601 time."),
+            OpenApiParameter("before", str, description="Only those starting before this ISO 8601 time."),
+        ],
+        responses={200: ReservationSerializer(many=True), **ERRORS},
+    ),
+    retrieve=extend_schema(summary="One reservation", responses={200: ReservationSerializer, **ERRORS}),
+)
+class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = ReservationSerializer
+    queryset = Reservation.objects.none()  # for the schema; get_queryset() decides what is visible
+    lookup_value_regex = r"\d+"
+
+    def get_queryset(self) -> QuerySet[Reservation]:
+        user = self.request.user
+        if self.action in ACTIONS:
+            return selectors.reservations_actionable(user=user)
+        qs = selectors.reservation_list(user=user)
+        if self.action != "list":
+            return qs
+        return self._filtered(qs)
+
+    def _filtered(self, qs: QuerySet[Reservation]) -> QuerySet[Reservation]:
+        params = self.request.query_params
+        if params.get("mine", "").lower() in {"1", "true", "yes"}:
+            qs = qs.filter(user=self.request.user)
+        if params.get("node"):
+            qs = qs.filter(node__name=params["node"])
+        if params.get("status"):
+            if params["status"] not in Reservation.Status.values:
+                raise InvalidBooking(
+                    f"Unknown status {params['status']!r}: use one of {', '.join(Reservation.Status.values)}.",
+                    field="status",
+                )
+            qs = qs.filter(status=params["status"])
+        for name, lookup in (("after", "end__gt"), ("before", "start__lt")):
+            if params.get(name):
+                qs = qs.filter(**{lookup: _parse_time(name, params[name])})
+        return qs
+
+    @extend_schema(
+        summary="Book GPUs",
+        request=ReservationCreateInput,
+        responses={201: ReservationSerializer, **ERRORS},
+    )
+    def create(self, request: Request) -> Response:
+        data = _validated(ReservationCreateInput, request)
+        if "gpus" in data:
+            gpus: list[Any] = data["gpus"]
+        else:
+            gpus = _pick_gpus(data["node"], data["gpu_count"], data["start"], data["end"])
+        reservation = services.reservation_create(
+            user=request.user, gpus=gpus, start=data["start"], end=data["end"], purpose=data["purpose"]
+        )
+        return self._respond(reservation, status.HTTP_201_CREATED)
+
+    @extend_schema(
+        summary="Cancel (before the start; admins any time)",
+        request=ReasonInput,
+        responses={200: ReservationSerializer, **ERRORS},
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        data = _validated(ReasonInput, request)
+        return self._respond(
+            services.reservation_cancel(reservation=self.get_object(), actor=request.user, reason=data["reason"])
+        )
+
+    @extend_schema(summary="End a running slot now", request=None, responses={200: ReservationSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, pk: str | None = None) -> Response:
+        return self._respond(services.reservation_release(reservation=self.get_object(), actor=request.user))
+
+    @extend_schema(summary="Move the end later", request=ExtendInput, responses={200: ReservationSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def extend(self, request: Request, pk: str | None = None) -> Response:
+        data = _validated(ExtendInput, request)
+        return self._respond(
+            services.reservation_extend(reservation=self.get_object(), actor=request.user, end=data["end"])
+        )
+
+    @extend_schema(summary="Approve (admins)", request=ReasonInput, responses={200: ReservationSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str | None = None) -> Response:
+        data = _validated(ReasonInput, request)
+        return self._respond(
+            services.reservation_approve(reservation=self.get_object(), actor=request.user, reason=data["reason"])
+        )
+
+    @extend_schema(
+        summary="Reject with a reason (admins)",
+        request=RequiredReasonInput,
+        responses={200: ReservationSerializer, **ERRORS},
+    )
+    @action(detail=True, methods=["post"])
+    def reject(self, request: Request, pk: str | None = None) -> Response:
+        data = _validated(RequiredReasonInput, request)
+        return self._respond(
+            services.reservation_reject(reservation=self.get_object(), actor=request.user, reason=data["reason"])
+        )
+
+    def _respond(self, reservation: Reservation, code: int = status.HTTP_200_OK) -> Response:
+        fresh = selectors.reservation_list(user=self.request.user).get(pk=reservation.pk)
+        return Response(self.get_serializer(fresh).data, status=code)
+
+
+def _validated(serializer_class: type, request: Request) -> dict[str, Any]:
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def _parse_time(name: str, raw: str) -> Any:
+    from rest_framework.exceptions import ValidationError
+
+    from portal.fields import AwareDateTimeField
+
+    try:
+        return AwareDateTimeField().to_internal_value(raw)
+    except ValidationError as exc:
+        raise ValidationError({name: exc.detail}) from exc
+
+
+def _pick_gpus(node_name: str, count: int, start: Any, end: Any) -> list[Any]:
+    node = Node.objects.filter(name=node_name).first()
+    if node is None:
+        raise InvalidBooking(f"No node named {node_name!r}.", field="node")
+    # Pick on the grid the service will book on, so the GPUs picked are free for that exact slot.
+    gpus = selectors.free_gpus(node=node, count=count, start=floor_to_grid(start), end=ceil_to_grid(end))
+    if len(gpus) < count:
+        raise SlotConflict(
+            f"Only {len(gpus)} of the {count} GPUs asked are free on {node.name} for that slot.",
+            free=[gpu.pk for gpu in gpus],
+        )
+    return gpus

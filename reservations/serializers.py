@@ -1,0 +1,119 @@
+"""Input serializers check shape only (the services check the rules); output serializers are
+reused wherever a reservation is shown."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from portal.fields import AwareDateTimeField
+from reservations.models import Reservation
+
+
+class ReservationCreateInput(serializers.Serializer):
+    gpus = serializers.ListField(
+        child=serializers.IntegerField(min_value=1),
+        required=False,
+        allow_empty=False,
+        max_length=64,
+        help_text="GPU ids, all on one node. Or give node and gpu_count and let the portal pick.",
+    )
+    node = serializers.CharField(required=False, max_length=63, help_text="Node name, with gpu_count.")
+    gpu_count = serializers.IntegerField(required=False, min_value=1, max_value=64)
+    start = AwareDateTimeField()
+    end = AwareDateTimeField()
+    purpose = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        by_ids = "gpus" in attrs
+        by_count = "node" in attrs or "gpu_count" in attrs
+        if by_ids == by_count:
+            raise serializers.ValidationError("Give either gpus (GPU ids) or node with gpu_count.")
+        if by_count and not ("node" in attrs and "gpu_count" in attrs):
+            raise serializers.ValidationError("node and gpu_count go together.")
+        return attrs
+
+
+class ExtendInput(serializers.Serializer):
+    end = AwareDateTimeField()
+
+
+class ReasonInput(serializers.Serializer):
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=1000, default="")
+
+
+class RequiredReasonInput(serializers.Serializer):
+    reason = serializers.CharField(max_length=1000)
+
+
+class AllocatedGpuSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    index = serializers.IntegerField()
+    uuid = serializers.CharField()
+    model = serializers.CharField()
+
+
+class ReservationSerializer(serializers.ModelSerializer):
+    """A reservation. For someone else's booking (researchers' view) the private fields are null."""
+
+    user = serializers.CharField(source="user.username", read_only=True)
+    node = serializers.CharField(source="node.name", read_only=True)
+    gpus = serializers.SerializerMethodField()
+    phase = serializers.SerializerMethodField()
+    is_own = serializers.SerializerMethodField()
+    decided_by = serializers.CharField(source="decided_by.username", default=None, read_only=True, allow_null=True)
+    # Null when the reservation is someone else's (a researcher sees only the busy slot).
+    purpose = serializers.CharField(read_only=True, allow_null=True)
+    decision_reason = serializers.CharField(read_only=True, allow_null=True)
+    cancel_reason = serializers.CharField(read_only=True, allow_null=True)
+
+    PRIVATE = ("purpose", "decided_by", "decided_at", "decision_reason", "cancel_reason")
+
+    class Meta:
+        model = Reservation
+        fields = (
+            "id",
+            "user",
+            "node",
+            "gpus",
+            "start",
+            "end",
+            "status",
+            "phase",
+            "is_own",
+            "purpose",
+            "created_at",
+            "decided_by",
+            "decided_at",
+            "decision_reason",
+            "cancelled_at",
+            "cancel_reason",
+            "released_at",
+        )
+        read_only_fields = fields
+
+    @extend_schema_field(AllocatedGpuSerializer(many=True))
+    def get_gpus(self, obj: Reservation) -> list[dict[str, Any]]:
+        gpus = sorted((a.gpu for a in obj.allocations.all()), key=lambda gpu: gpu.index)
+        return [{"id": g.pk, "index": g.index, "uuid": g.uuid, "model": g.model} for g in gpus]
+
+    def get_phase(self, obj: Reservation) -> str:
+        return obj.phase(self.context.get("now") or timezone.now())
+
+    def get_is_own(self, obj: Reservation) -> bool:
+        return self._sees_all(obj)
+
+    def _sees_all(self, obj: Reservation) -> bool:
+        user = self.context["request"].user
+        return obj.user_id == user.pk or user.is_booking_admin
+
+    def to_representation(self, instance: Reservation) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        data["is_own"] = instance.user_id == self.context["request"].user.pk
+        if not self._sees_all(instance):
+            for name in self.PRIVATE:
+                data[name] = None
+        return data
