@@ -3,7 +3,7 @@ from rest_framework.routers import DefaultRouter
 
 from accounts.api import MeView
 from nodes.api import GpuViewSet, NodeViewSet
-from reservations.api import ReservationViewSet
+from reservations.api import AvailabilityView, ReservationViewSet
 
 router = DefaultRouter()
 router.register("nodes", NodeViewSet, basename="node")
@@ -12,5 +12,6 @@ router.register("reservations", ReservationViewSet, basename="reservation")
 
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),
+    path("availability/", AvailabilityView.as_view(), name="availability"),
     path("", include(router.urls)),
 ]

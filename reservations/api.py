@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.db.models import QuerySet
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from nodes.models import Node
-from portal.api_schema import ERRORS
+from portal.api_schema import ERRORS, READ_ERRORS
 from reservations import selectors, services
+from reservations.availability import earliest_windows
 from reservations.exceptions import InvalidBooking, SlotConflict
 from reservations.models import Reservation
 from reservations.serializers import (
+    AvailabilityQuery,
+    AvailabilitySerializer,
     ExtendInput,
     ReasonInput,
     RequiredReasonInput,
@@ -169,3 +175,25 @@ def _pick_gpus(node_name: str, count: int, start: Any, end: Any) -> list[Any]:
             free=[gpu.pk for gpu in gpus],
         )
     return gpus
+
+
+class AvailabilityView(APIView):
+    @extend_schema(
+        summary="Earliest windows where N GPUs of one node are free for H hours",
+        parameters=[AvailabilityQuery],
+        responses={200: AvailabilitySerializer, **READ_ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        query = AvailabilityQuery(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        data = query.validated_data
+        memory_gb = data.get("min_memory_gb")
+        windows = earliest_windows(
+            gpu_count=data["gpus"],
+            duration=timedelta(hours=data["hours"]),
+            now=timezone.now(),
+            after=data.get("after"),
+            node_name=data.get("node"),
+            min_memory_mib=memory_gb * 1000**3 // 1024**2 if memory_gb is not None else None,
+        )
+        return Response(AvailabilitySerializer({"results": windows}).data)

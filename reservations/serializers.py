@@ -117,3 +117,29 @@ class ReservationSerializer(serializers.ModelSerializer):
             for name in self.PRIVATE:
                 data[name] = None
         return data
+
+
+class AvailabilityQuery(serializers.Serializer):
+    gpus = serializers.IntegerField(min_value=1, max_value=64)
+    hours = serializers.FloatField(min_value=0.25, max_value=24 * 60)
+    node = serializers.CharField(required=False, max_length=63)
+    min_memory_gb = serializers.IntegerField(required=False, min_value=0, max_value=100_000)
+    after = AwareDateTimeField(required=False)
+
+
+class WindowSerializer(serializers.Serializer):
+    node = serializers.CharField(source="node.name")
+    gpus = serializers.SerializerMethodField()
+    gpu_indexes = serializers.SerializerMethodField()
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+
+    def get_gpus(self, window: Any) -> list[int]:
+        return [gpu.pk for gpu in window.gpus]
+
+    def get_gpu_indexes(self, window: Any) -> list[int]:
+        return [gpu.index for gpu in window.gpus]
+
+
+class AvailabilitySerializer(serializers.Serializer):
+    results = WindowSerializer(many=True)

@@ -1,0 +1,96 @@
+"""Finding the earliest windows where N GPUs of one node are all free for a duration.
+
+For each node, the candidate starts are the search start and every end of a busy period (a live
+allocation or a maintenance window) of that node: a window can only open when something ends.
+At each candidate, the GPUs free over the whole window are counted; the first candidate with
+enough free GPUs is that node's earliest window. Two queries in all, whatever the number of nodes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Q
+
+from nodes.models import Gpu, Node
+from reservations.models import Allocation, MaintenanceWindow
+from reservations.timegrid import ceil_to_grid, floor_to_grid
+
+
+@dataclass(frozen=True)
+class Window:
+    node: Node
+    gpus: list[Gpu]
+    start: datetime
+    end: datetime
+
+
+def earliest_windows(
+    *,
+    gpu_count: int,
+    duration: timedelta,
+    now: datetime,
+    after: datetime | None = None,
+    node_name: str | None = None,
+    min_memory_mib: int | None = None,
+    horizon: timedelta = timedelta(days=60),
+    limit: int = 10,
+) -> list[Window]:
+    """The earliest window on each node that has ``gpu_count`` free GPUs, earliest first."""
+    search_from = floor_to_grid(max(after or now, now))
+    if search_from < now:  # the current grid cell counts as now
+        search_from = now.replace(microsecond=0)
+    search_to = search_from + horizon + duration
+
+    gpu_filter = Q(bookable=True, parent__isnull=True, node__status=Node.Status.ACTIVE)
+    if node_name:
+        gpu_filter &= Q(node__name=node_name)
+    if min_memory_mib is not None:
+        gpu_filter &= Q(memory_mib__gte=min_memory_mib)
+    gpus_by_node: dict[int, list[Gpu]] = defaultdict(list)
+    for gpu in Gpu.objects.filter(gpu_filter).select_related("node").order_by("node__name", "index"):
+        gpus_by_node[gpu.node_id].append(gpu)
+    candidates = {node_id: gpus for node_id, gpus in gpus_by_node.items() if len(gpus) >= gpu_count}
+    if not candidates:
+        return []
+
+    busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)  # by GPU id
+    node_busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)  # whole-node maintenance
+    for gpu_id, start, end in Allocation.objects.filter(
+        active=True, gpu__node__in=candidates.keys(), start__lt=search_to, end__gt=search_from
+    ).values_list("gpu_id", "start", "end"):
+        busy[gpu_id].append((start, end))
+    for node_id, gpu_id, start, end in MaintenanceWindow.objects.filter(
+        node__in=candidates.keys(), start__lt=search_to, end__gt=search_from
+    ).values_list("node_id", "gpu_id", "start", "end"):
+        (busy[gpu_id] if gpu_id else node_busy[node_id]).append((start, end))
+
+    windows = []
+    for node_id, gpus in candidates.items():
+        window = _earliest_on_node(gpus, busy, node_busy[node_id], gpu_count, duration, search_from, search_to)
+        if window is not None:
+            windows.append(window)
+    windows.sort(key=lambda w: (w.start, w.node.name))
+    return windows[:limit]
+
+
+def _earliest_on_node(
+    gpus: list[Gpu],
+    busy: dict[int, list[tuple[datetime, datetime]]],
+    node_busy: list[tuple[datetime, datetime]],
+    gpu_count: int,
+    duration: timedelta,
+    search_from: datetime,
+    search_to: datetime,
+) -> Window | None:
+    ends = {end for gpu in gpus for _, end in busy.get(gpu.pk, ())} | {end for _, end in node_busy}
+    for start in sorted({search_from} | {e for e in ends if search_from < e < search_to}):
+        end = ceil_to_grid(start + duration)
+        if end > search_to or any(s < end and e > start for s, e in node_busy):
+            continue
+        free = [gpu for gpu in gpus if not any(s < end and e > start for s, e in busy.get(gpu.pk, ()))]
+        if len(free) >= gpu_count:
+            return Window(node=gpus[0].node, gpus=free[:gpu_count], start=start, end=end)
+    return None
