@@ -20,6 +20,7 @@ from portal.api_schema import READ_ERRORS
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = NodeSerializer
     lookup_field = "name"
+    lookup_value_regex = r"[a-z0-9][a-z0-9-]{0,62}"
 
     def get_queryset(self) -> QuerySet[Node]:
         return selectors.node_list()
@@ -45,6 +46,7 @@ class GpuFilters(serializers.Serializer):
 )
 class GpuViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = GpuSerializer
+    lookup_value_regex = r"[0-9]{1,18}"
 
     def get_queryset(self) -> QuerySet[Gpu]:
         filters = GpuFilters(data=self.request.query_params)

@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.defaults import bad_request as default_bad_request
+from django.views.defaults import page_not_found
+from django.views.defaults import server_error as default_server_error
 from rest_framework import exceptions, status
+from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -83,3 +88,35 @@ class TokenRateThrottle(UserRateThrottle):
         if token is not None and getattr(token, "pk", None):
             return self.cache_format % {"scope": self.scope, "ident": f"token-{token.pk}"}
         return super().get_cache_key(request, view)
+
+
+class Pagination(LimitOffsetPagination):
+    """limit/offset pages. Both are clamped: a huge number must not reach the database as an overflow."""
+
+    default_limit = 100
+    max_limit = 1000
+    max_offset = 10**9
+
+    def get_offset(self, request: Any) -> int:
+        return min(super().get_offset(request), self.max_offset)
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """404 for a URL that matches no route: JSON under /api/, Django's page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body("not_found", "Not found."), status=404)
+    return page_not_found(request, exception or Http404())
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body("bad_request", "The request could not be read."), status=400)
+    return default_bad_request(request, exception or Exception())
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            error_body("server_error", "Something went wrong on our side; it has been logged."), status=500
+        )
+    return default_server_error(request)

@@ -129,8 +129,10 @@ REST_FRAMEWORK = {
         "accounts.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
+    # Scripts and the browser both send JSON; one parser means one set of failure modes.
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "portal.api.Pagination",
     "PAGE_SIZE": 100,
     "DEFAULT_THROTTLE_CLASSES": ["portal.api.TokenRateThrottle", "rest_framework.throttling.AnonRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {

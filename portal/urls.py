@@ -14,3 +14,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("", RedirectView.as_view(pattern_name="admin:index", permanent=False)),
 ]
+
+handler400 = "portal.api.bad_request"
+handler404 = "portal.api.not_found"
+handler500 = "portal.api.server_error"

@@ -51,7 +51,7 @@ ACTIONS = ("cancel", "release", "extend", "approve", "reject")
 class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = ReservationSerializer
     queryset = Reservation.objects.none()  # for the schema; get_queryset() decides what is visible
-    lookup_value_regex = r"\d+"
+    lookup_value_regex = r"[0-9]{1,18}"  # fits a 64-bit id, so no overflow reaches the database
 
     def get_queryset(self) -> QuerySet[Reservation]:
         user = self.request.user

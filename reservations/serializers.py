@@ -15,7 +15,7 @@ from reservations.models import Reservation
 
 class ReservationCreateInput(serializers.Serializer):
     gpus = serializers.ListField(
-        child=serializers.IntegerField(min_value=1),
+        child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
         required=False,
         allow_empty=False,
         max_length=64,

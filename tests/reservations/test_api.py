@@ -220,3 +220,30 @@ def test_gpu_list_costs_the_same_queries_whatever_the_data(alice, gpus):
     for i in range(8):
         reservation_create(user=UserFactory(username=f"v{i}"), gpus=gpus[i % 4 : i % 4 + 1], start=at(i), end=at(i + 1))
     assert queries() == few
+
+
+def test_unknown_api_urls_answer_json_404(alice):
+    for path in ["/api/v1/reservations/abc/", "/api/v1/nodes/Bad%20Name/", "/api/v1/nope/", "/api/v1/gpus/1e5/"]:
+        response = client_for(alice).get(path)
+        assert response.status_code == 404, path
+        assert response.json()["error"]["code"] == "not_found"
+
+
+def test_huge_pagination_numbers_are_clamped_not_500(alice, node):
+    response = client_for(alice).get(f"{URL}?limit=30120385693722963192315904&offset=99999999999999999999999")
+    assert response.status_code == 200
+    assert response.json()["results"] == []
+
+
+def test_huge_gpu_ids_are_a_400(alice):
+    response = client_for(alice).post(
+        URL, {"gpus": [50391672648949071872], "start": iso(1), "end": iso(2)}, format="json"
+    )
+    assert response.status_code == 400
+    assert "gpus" in response.json()["error"]["details"]["fields"]
+
+
+def test_only_json_bodies_are_accepted(alice, gpus):
+    response = client_for(alice).post(URL, {"gpus": gpus[0].pk, "start": iso(1), "end": iso(2)})  # multipart
+    assert response.status_code == 415
+    assert response.json()["error"]["code"] == "unsupported_media_type"
