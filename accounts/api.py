@@ -1,18 +1,24 @@
-"""``/api/v1/me/``: who the caller is, their limits and how much of each is used."""
+"""``/api/v1/me/`` (who the caller is, their limits and use) and ``/api/v1/tokens/`` (their API tokens)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
 
+from django.db.models import QuerySet
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.serializers import MeSerializer
-from portal.api_schema import READ_ERRORS
+from accounts.models import ApiToken
+from accounts.serializers import ApiTokenSerializer, MeSerializer, NewApiTokenSerializer
+from accounts.services import api_token_create, api_token_revoke
+from portal.api_schema import ERRORS, READ_ERRORS
 from reservations.limits import WEEK, Period, busiest_week, effective_limits, peak_gpus
 from reservations.selectors import held_periods
 
@@ -47,3 +53,40 @@ class MeView(APIView):
             "max_days_ahead": limits.max_days_ahead,
         }
         return Response(MeSerializer(data).data)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your API tokens", responses={200: ApiTokenSerializer(many=True), **READ_ERRORS}),
+    create=extend_schema(
+        summary="Create an API token (shown once)",
+        request=ApiTokenSerializer,
+        responses={201: NewApiTokenSerializer, **ERRORS},
+    ),
+    revoke=extend_schema(summary="Revoke a token", request=None, responses={200: ApiTokenSerializer, **ERRORS}),
+)
+class ApiTokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    serializer_class = ApiTokenSerializer
+    queryset = ApiToken.objects.none()  # for the schema; get_queryset() keeps to the caller's own
+    lookup_value_regex = r"[0-9]{1,18}"
+
+    def get_queryset(self) -> QuerySet[ApiToken]:
+        return ApiToken.objects.filter(user=self.request.user).order_by("-created_at")
+
+    def create(self, request: Request) -> Response:
+        serializer = ApiTokenSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            record, token = api_token_create(
+                user=request.user,
+                name=serializer.validated_data["name"],
+                expires_at=serializer.validated_data.get("expires_at"),
+            )
+        except ValueError as exc:
+            raise ValidationError({"expires_at": [str(exc)]}) from exc
+        data = NewApiTokenSerializer(record).data
+        data["token"] = token
+        return Response(data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str | None = None) -> Response:
+        return Response(ApiTokenSerializer(api_token_revoke(token=self.get_object(), actor=request.user)).data)

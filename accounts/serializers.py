@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from portal.fields import AwareDateTimeField
+
 
 class LimitUsageSerializer(serializers.Serializer):
     allowed = serializers.FloatField(allow_null=True, help_text="Null: no limit.")
@@ -18,3 +20,17 @@ class MeSerializer(serializers.Serializer):
     weekly_gpu_hours = LimitUsageSerializer(help_text="GPU-hours in the busiest 7 days around now.")
     max_slot_hours = serializers.FloatField(allow_null=True)
     max_days_ahead = serializers.IntegerField(allow_null=True)
+
+
+class ApiTokenSerializer(serializers.Serializer):
+    id = serializers.IntegerField(read_only=True)
+    name = serializers.CharField(max_length=100)
+    prefix = serializers.CharField(read_only=True, help_text="The token's first characters, to tell tokens apart.")
+    created_at = serializers.DateTimeField(read_only=True)
+    expires_at = AwareDateTimeField(required=False, allow_null=True)
+    last_used_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    revoked_at = serializers.DateTimeField(read_only=True, allow_null=True)
+
+
+class NewApiTokenSerializer(ApiTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="The token itself. Shown this once; only a hash is kept.")

@@ -1,7 +1,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from accounts.api import MeView
+from accounts.api import ApiTokenViewSet, MeView
 from nodes.api import GpuViewSet, NodeViewSet
 from reservations.api import AvailabilityView, ReservationViewSet
 
@@ -9,6 +9,7 @@ router = DefaultRouter()
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
 router.register("reservations", ReservationViewSet, basename="reservation")
+router.register("tokens", ApiTokenViewSet, basename="token")
 
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),

@@ -76,3 +76,42 @@ def test_the_command_prints_only_the_token(alice):
 def test_the_command_refuses_an_unknown_user(db):
     with pytest.raises(CommandError, match="No user named 'zoe'"):
         call_command("create_api_token", "zoe")
+
+
+def test_tokens_over_the_api_are_shown_once_listed_and_revocable(alice, bob):
+    from tests.api_helpers import client_for
+
+    client = client_for(alice)
+    created = client.post("/api/v1/tokens/", {"name": "cluster job"}, format="json")
+    assert created.status_code == 201
+    token = created.json()["token"]
+    assert get_me(token).status_code == 200
+
+    listed = client.get("/api/v1/tokens/").json()["results"]
+    assert {t["name"] for t in listed} == {"tests", "cluster job"}
+    assert all("token" not in t for t in listed)
+
+    # Bob cannot see or revoke Alice's tokens.
+    assert client_for(bob).get("/api/v1/tokens/").json()["count"] == 1
+    assert client_for(bob).post(f"/api/v1/tokens/{created.json()['id']}/revoke/").status_code == 404
+
+    assert client.post(f"/api/v1/tokens/{created.json()['id']}/revoke/").json()["revoked_at"] is not None
+    assert get_me(token).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "name"),
+        ({"name": ""}, "name"),
+        ({"name": "x", "expires_at": "2000-01-01T00:00:00Z"}, "expires_at"),
+        ({"name": "x", "expires_at": "2100-01-01T00:00:00"}, "expires_at"),
+    ],
+)
+def test_bad_token_requests_are_400(alice, body, field):
+    from tests.api_helpers import client_for
+
+    response = client_for(alice).post("/api/v1/tokens/", body, format="json")
+    assert response.status_code == 400
+    assert field in response.json()["error"]["details"]["fields"]
+    assert ApiToken.objects.filter(user=alice).count() == 1
