@@ -116,14 +116,7 @@ def reservation_approve(*, reservation: Reservation, actor: Any, reason: str = "
         locked.status = Status.APPROVED
         locked.decided_by, locked.decided_at, locked.decision_reason = actor, now, reason.strip()
         locked.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
-        audit_record(
-            actor=actor,
-            action="reservation.approve",
-            target=locked,
-            before=before,
-            after=_snapshot(locked),
-            reason=locked.decision_reason,
-        )
+        _audit(actor, "approve", locked, before, reason=locked.decision_reason)
     return locked
 
 
@@ -140,14 +133,7 @@ def reservation_reject(*, reservation: Reservation, actor: Any, reason: str) -> 
         locked.decided_by, locked.decided_at, locked.decision_reason = actor, timezone.now(), reason
         locked.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
         locked.allocations.update(active=False)
-        audit_record(
-            actor=actor,
-            action="reservation.reject",
-            target=locked,
-            before=before,
-            after=_snapshot(locked),
-            reason=reason,
-        )
+        _audit(actor, "reject", locked, before, reason=reason)
     return locked
 
 
@@ -170,14 +156,7 @@ def reservation_cancel(*, reservation: Reservation, actor: Any, reason: str = ""
         locked.cancelled_by, locked.cancelled_at, locked.cancel_reason = actor, now, (reason or "").strip()
         locked.save(update_fields=["status", "cancelled_by", "cancelled_at", "cancel_reason"])
         locked.allocations.update(active=False)
-        audit_record(
-            actor=actor,
-            action="reservation.cancel",
-            target=locked,
-            before=before,
-            after=_snapshot(locked),
-            reason=locked.cancel_reason,
-        )
+        _audit(actor, "cancel", locked, before, reason=locked.cancel_reason)
     return locked
 
 
@@ -201,7 +180,7 @@ def reservation_release(*, reservation: Reservation, actor: Any) -> Reservation:
         locked.end, locked.released_at = release_at, now
         locked.save(update_fields=["end", "released_at"])
         locked.allocations.update(end=release_at)
-        audit_record(actor=actor, action="reservation.release", target=locked, before=before, after=_snapshot(locked))
+        _audit(actor, "release", locked, before)
     return locked
 
 
@@ -242,7 +221,7 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
         locked.end = new_end
         locked.save(update_fields=["end"])
         _extend_allocations(locked, new_end)
-        audit_record(actor=actor, action="reservation.extend", target=locked, before=before, after=_snapshot(locked))
+        _audit(actor, "extend", locked, before)
     return locked
 
 
@@ -413,6 +392,17 @@ def _require_status(reservation: Reservation, allowed: Sequence[str], becoming: 
             f"Reservation #{reservation.pk} is {reservation.get_status_display().lower()} and cannot be {becoming}.",
             status=reservation.status,
         )
+
+
+def _audit(actor: Any, verb: str, reservation: Reservation, before: dict[str, Any], reason: str = "") -> None:
+    audit_record(
+        actor=actor,
+        action=f"reservation.{verb}",
+        target=reservation,
+        before=before,
+        after=_snapshot(reservation),
+        reason=reason,
+    )
 
 
 def _snapshot(reservation: Reservation) -> dict[str, Any]:
