@@ -1,4 +1,4 @@
-"""API plumbing shared by every app: one error shape, and the token-aware throttle.
+"""API plumbing shared by every app: one error shape, also for URLs no view matches.
 
 Every error the API returns looks like::
 
@@ -16,9 +16,7 @@ from django.views.defaults import bad_request as default_bad_request
 from django.views.defaults import page_not_found
 from django.views.defaults import server_error as default_server_error
 from rest_framework import exceptions, status
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
-from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from reservations import exceptions as booking
@@ -76,29 +74,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         message = "Not found." if response.status_code == 404 else "You do not have permission to do this."
         response.data = error_body(code, message)
     return response
-
-
-class TokenRateThrottle(UserRateThrottle):
-    """Rate per API token (a script's key), per user for browser sessions."""
-
-    scope = "user"
-
-    def get_cache_key(self, request: Any, view: Any) -> str | None:
-        token = getattr(request, "auth", None)
-        if token is not None and getattr(token, "pk", None):
-            return self.cache_format % {"scope": self.scope, "ident": f"token-{token.pk}"}
-        return super().get_cache_key(request, view)
-
-
-class Pagination(LimitOffsetPagination):
-    """limit/offset pages. Both are clamped: a huge number must not reach the database as an overflow."""
-
-    default_limit = 100
-    max_limit = 1000
-    max_offset = 10**9
-
-    def get_offset(self, request: Any) -> int:
-        return min(super().get_offset(request), self.max_offset)
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

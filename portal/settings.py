@@ -132,9 +132,9 @@ REST_FRAMEWORK = {
     # Scripts and the browser both send JSON; one parser means one set of failure modes.
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "portal.api.Pagination",
+    "DEFAULT_PAGINATION_CLASS": "portal.pagination.Pagination",
     "PAGE_SIZE": 100,
-    "DEFAULT_THROTTLE_CLASSES": ["portal.api.TokenRateThrottle", "rest_framework.throttling.AnonRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["portal.throttling.TokenRateThrottle", "rest_framework.throttling.AnonRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {
         "user": envstr("API_RATE_PER_TOKEN", "1200/minute"),
         "anon": envstr("API_RATE_ANONYMOUS", "60/minute"),

@@ -247,3 +247,47 @@ def test_only_json_bodies_are_accepted(alice, gpus):
     response = client_for(alice).post(URL, {"gpus": gpus[0].pk, "start": iso(1), "end": iso(2)})  # multipart
     assert response.status_code == 415
     assert response.json()["error"]["code"] == "unsupported_media_type"
+
+
+def test_throttling_is_per_token(alice, node, monkeypatch):
+    from django.core.cache import cache
+
+    from portal.throttling import TokenRateThrottle
+
+    cache.clear()
+    monkeypatch.setattr(TokenRateThrottle, "rate", "2/minute", raising=False)
+    first, second = client_for(alice), client_for(alice)
+    assert [first.get("/api/v1/nodes/").status_code for _ in range(2)] == [200, 200]
+    throttled = first.get("/api/v1/nodes/")
+    assert throttled.status_code == 429
+    assert throttled.json()["error"]["code"] == "throttled"
+    assert second.get("/api/v1/nodes/").status_code == 200  # another token has its own budget
+    cache.clear()
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("get", "/api/v1/tokens/"),
+        ("post", "/api/v1/tokens/"),
+        ("get", "/api/v1/availability/?gpus=1&hours=1"),
+        ("get", "/api/v1/gpus/1/"),
+        ("get", "/api/v1/reservations/1/"),
+    ],
+)
+def test_every_endpoint_refuses_anonymous_callers(db, method, path):
+    response = getattr(client_for(None), method)(path)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "not_authenticated"
+
+
+def test_retrieving_a_reservation_by_owner_other_researcher_and_admin(alice, bob, carol, gpus):
+    from reservations.services import reservation_cancel
+
+    live = reservation_create(user=alice, gpus=gpus[:1], start=at(1), end=at(2), purpose="p")
+    cancelled = reservation_create(user=alice, gpus=gpus[1:2], start=at(1), end=at(2), purpose="q")
+    reservation_cancel(reservation=cancelled, actor=alice)
+    for who, live_purpose, cancelled_status in [(alice, "p", 200), (bob, None, 404), (carol, "p", 200)]:
+        response = client_for(who).get(f"{URL}{live.pk}/")
+        assert (response.status_code, response.json()["purpose"]) == (200, live_purpose)
+        assert client_for(who).get(f"{URL}{cancelled.pk}/").status_code == cancelled_status

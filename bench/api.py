@@ -1,0 +1,668 @@
+"""The REST API through the production ASGI server: booking throughput and read latency.
+
+What it measures
+    Everything goes over HTTP to daphne (``portal.asgi:application``), started by this script as
+    a subprocess on 127.0.0.1 with DEBUG=0 and a per-token rate so high that throttling never
+    answers 429. The clients are threads of this process using ``http.client`` with keep-alive,
+    one connection each.
+
+    1. Booking: for each client count (default 1 and 16), every client has its own user, API
+       token and GPU, and POSTs /api/v1/reservations/ with {"gpus": [its GPU], "start", "end"}
+       back to back for ``--seconds``: one-hour slots on the hour, from 30 days ahead, walking
+       forward, so no two requests compete for a slot and every one should answer 201. Reported:
+       201s per second, p50/p99 latency of the 201s, and the other answers by status (the first
+       bodies of those are printed). The booking node and its bookings are deleted before each run.
+
+    2. Reads over a large data set: 25 nodes x 40 GPUs = 1,000 GPUs and 100,000 approved
+       reservations (one allocation each, 100 per GPU: one a day over the 50 days before and the
+       50 days after the time of loading, so some run now, some are past, some upcoming). One
+       client, sequential requests, each URL ``--requests`` times after one warm-up request:
+       GET /api/v1/gpus/ (default page of 100), /api/v1/gpus/?limit=1000,
+       /api/v1/reservations/?limit=100 and /api/v1/availability/?gpus=2&hours=4. Reported:
+       requests per second, p50/p99 latency, and the size of the answer.
+
+    The data set is loaded with COPY (then ANALYZE) only when it is not there yet (1,000 GPUs,
+    100,000 reservations, some still upcoming a week from now); --rebuild loads it anew.
+
+How to run it
+    It needs PostgreSQL and a database of its own, whose name contains "bench": a rebuild empties
+    the booking and audit tables and deletes every node and GPU; every run empties the audit table.
+
+        DATABASE_URL=postgres://portal:portal@127.0.0.1:5432/portal_bench_api .venv/bin/python bench/api.py
+        ... bench/api.py --seconds 10 --clients 1,16 --requests 50 --rebuild
+
+    The database is created if it is missing and migrated. The bench data stays behind after the
+    run, so the next run skips the load. The server's log goes to a temporary file, whose tail is
+    printed if the server does not come up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+POSTGRES_SCHEMES = {"postgres", "postgresql", "pgsql"}
+HOST = "127.0.0.1"
+RATE = "100000000/minute"
+SERVER_START_TIMEOUT = 60.0
+REQUEST_TIMEOUT = 120.0
+
+# Booking over HTTP.
+MAX_CLIENTS = 16
+BOOK_NODE = "bench-api-book"
+BOOK_USER_PREFIX = "bench-api-user-"
+SLOT = timedelta(hours=1)
+LEAD_TIME = timedelta(days=30)
+HORIZON = timedelta(days=3650)
+MAX_ERRORS_SHOWN = 5
+
+# The read data set.
+NODE_PREFIX = "bench-api-n"
+NODE_COUNT = 25
+GPUS_PER_NODE = 40
+GPU_COUNT = NODE_COUNT * GPUS_PER_NODE
+PER_GPU = 100
+RESERVATION_COUNT = GPU_COUNT * PER_GPU
+CELL = timedelta(days=1)  # each GPU has one reservation per day-long cell
+OWNER_PREFIX = "bench-api-owner-"
+OWNER_COUNT = 20
+READER = "bench-api-reader"
+GPU_MODELS = (("NVIDIA A100-SXM4-80GB", 81920), ("NVIDIA H100 80GB HBM3", 81559), ("NVIDIA L40S", 46068))
+SEED = 20240601
+READ_URLS = (
+    "/api/v1/gpus/",
+    "/api/v1/gpus/?limit=1000",
+    "/api/v1/reservations/?limit=100",
+    "/api/v1/availability/?gpus=2&hours=4",
+)
+
+
+# --- results --------------------------------------------------------------------------------
+
+
+@dataclass
+class ClientResult:
+    """What one client thread got back."""
+
+    latencies: list[float] = field(default_factory=list)
+    statuses: Counter[str] = field(default_factory=Counter)
+    bodies: list[str] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Row:
+    """One line of the table: one kind of request at one concurrency."""
+
+    request: str
+    clients: int
+    elapsed: float
+    latencies: list[float]
+    statuses: Counter[str]
+    bodies: list[str]
+    sizes: list[int]
+
+    @property
+    def ok(self) -> int:
+        return len(self.latencies)
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.elapsed if self.elapsed > 0 else 0.0
+
+    def percentile_ms(self, pct: float) -> float:
+        """Nearest-rank percentile of the successful requests' latency, in milliseconds."""
+        if not self.latencies:
+            return float("nan")
+        ordered = sorted(self.latencies)
+        rank = max(1, round(pct / 100 * len(ordered)))
+        return ordered[min(rank, len(ordered)) - 1] * 1000
+
+    @property
+    def errors(self) -> str:
+        return ", ".join(f"{status}x{count}" for status, count in sorted(self.statuses.items())) or "-"
+
+
+def combine(request: str, elapsed: float, results: list[ClientResult]) -> Row:
+    return Row(
+        request=request,
+        clients=len(results),
+        elapsed=elapsed,
+        latencies=[latency for r in results for latency in r.latencies],
+        statuses=sum((r.statuses for r in results), Counter()),
+        bodies=[body for r in results for body in r.bodies],
+        sizes=[size for r in results for size in r.sizes],
+    )
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One booking client: its token and its own GPU."""
+
+    token: str
+    gpu_id: int
+
+
+# --- setup ----------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each booking run (default 10)")
+    parser.add_argument("--clients", default="1,16", help="comma-separated booking concurrency (default 1,16)")
+    parser.add_argument("--requests", type=int, default=50, help="timed requests per read URL (default 50)")
+    parser.add_argument("--rebuild", action="store_true", help="load the 100,000-reservation data set anew")
+    parser.add_argument("--port", type=int, default=0, help="port for the server (default: a free one)")
+    args = parser.parse_args(argv)
+    args.levels = [int(part) for part in args.clients.split(",") if part.strip()]
+    if args.seconds <= 0 or args.requests < 1 or not args.levels:
+        parser.error("--seconds and --requests must be positive and --clients not empty")
+    if min(args.levels) < 1 or max(args.levels) > MAX_CLIENTS:
+        parser.error(f"each client count must be between 1 and {MAX_CLIENTS}")
+    return args
+
+
+def database_url_or_exit() -> str:
+    """The DATABASE_URL, if it names a PostgreSQL database meant for benchmarks."""
+    url = os.environ.get("DATABASE_URL", "")
+    if urlsplit(url).scheme not in POSTGRES_SCHEMES:
+        print(
+            "bench/api.py needs PostgreSQL: set DATABASE_URL, e.g.\n"
+            "  DATABASE_URL=postgres://portal:portal@127.0.0.1:5432/portal_bench_api .venv/bin/python bench/api.py",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    dbname = conninfo_to_dict(url).get("dbname") or ""
+    if "bench" not in str(dbname):
+        print(
+            f"bench/api.py empties tables of its database; {dbname!r} does not look like a benchmark "
+            "database. Use one whose name contains 'bench', e.g. portal_bench_api.",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    return url
+
+
+def ensure_database(url: str) -> None:
+    """Create the database named in ``url`` if it does not exist yet."""
+    dbname = str(conninfo_to_dict(url)["dbname"])
+    with psycopg.connect(make_conninfo(url, dbname="postgres"), autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [dbname]).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+            print(f"created database {dbname}")
+
+
+def setup_django() -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    os.environ["DEBUG"] = "0"
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+def execute(statement: str, params: Sequence[Any] = ()) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+
+
+def ensure_users(prefix: str, count: int) -> list[Any]:
+    """Ordinary (non-staff) users named prefix0 .. prefix{count-1}, created when missing."""
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    users = []
+    for i in range(count):
+        username = f"{prefix}{i}" if count > 1 else prefix
+        user = user_model.objects.filter(username=username).first()
+        if user is None:
+            user = user_model.objects.create_user(username=username, unix_username=username.replace("-", "_"))
+        users.append(user)
+    return users
+
+
+def new_token(user: Any) -> str:
+    from accounts.services import api_token_create
+
+    _record, token = api_token_create(user=user, name="bench/api.py")
+    return token
+
+
+def clear_side_tables() -> None:
+    """No limits, maintenance, old bench tokens or audit entries get in the way or pile up."""
+    from accounts.models import ApiToken
+    from audit.models import AuditEntry
+    from reservations.models import Limit, MaintenanceWindow
+
+    Limit.objects.all().delete()
+    MaintenanceWindow.objects.all().delete()
+    ApiToken.objects.filter(user__username__startswith="bench-api-").delete()
+    execute(f"TRUNCATE {AuditEntry._meta.db_table}")
+
+
+def drop_booking_node() -> None:
+    """Delete the booking node with its GPUs and bookings (so the read data set is alone)."""
+    from nodes.models import Node
+
+    node = Node.objects.filter(name=BOOK_NODE).first()
+    if node is None:
+        return
+    execute(
+        "DELETE FROM reservations_allocation WHERE gpu_id IN (SELECT id FROM nodes_gpu WHERE node_id = %s)", [node.pk]
+    )
+    execute("DELETE FROM reservations_reservation WHERE node_id = %s", [node.pk])
+    node.delete()
+
+
+def create_booking_lanes(clients: int) -> list[Lane]:
+    """A fresh booking node with one GPU per client; each client its own user and token."""
+    from nodes.models import Gpu, Node
+
+    drop_booking_node()
+    node = Node.objects.create(name=BOOK_NODE, hostname=f"{BOOK_NODE}.example", requires_approval=False)
+    gpus = Gpu.objects.bulk_create(
+        Gpu(node=node, index=i, uuid=f"GPU-b00c{i:04x}-0000-4000-8000-000000000000", model="Bench", memory_mib=81920)
+        for i in range(clients)
+    )
+    users = ensure_users(BOOK_USER_PREFIX, MAX_CLIENTS)[:clients]
+    return [Lane(token=new_token(user), gpu_id=gpu.pk) for user, gpu in zip(users, gpus, strict=True)]
+
+
+# --- the read data set ----------------------------------------------------------------------
+
+
+def data_set_present(now: datetime) -> bool:
+    """1,000 bench GPUs, 100,000 reservations on them, and some still upcoming a week from now."""
+    from nodes.models import Gpu
+    from reservations.models import Allocation, Reservation
+
+    gpus = Gpu.objects.filter(node__name__startswith=NODE_PREFIX)
+    reservations = Reservation.objects.filter(node__name__startswith=NODE_PREFIX)
+    upcoming = Allocation.objects.filter(gpu__node__name__startswith=NODE_PREFIX, start__gt=now + timedelta(days=7))
+    return gpus.count() == GPU_COUNT and reservations.count() == RESERVATION_COUNT and upcoming.exists()
+
+
+def wipe_everything() -> None:
+    """Empty the booking tables and delete every node and GPU (a rebuild starts from nothing)."""
+    from nodes.models import Gpu, Node
+
+    execute("TRUNCATE reservations_allocation, reservations_reservation RESTART IDENTITY")
+    Gpu.objects.all().delete()
+    Node.objects.all().delete()
+
+
+def create_nodes() -> list[tuple[int, int]]:
+    """NODE_COUNT nodes with GPUS_PER_NODE GPUs each; returns (node id, gpu id) per GPU."""
+    from nodes.models import Gpu, Node
+
+    nodes = Node.objects.bulk_create(
+        Node(name=f"{NODE_PREFIX}{n:02d}", hostname=f"{NODE_PREFIX}{n:02d}.example") for n in range(NODE_COUNT)
+    )
+    gpus = Gpu.objects.bulk_create(
+        Gpu(
+            node=node,
+            index=i,
+            uuid=f"GPU-{n:08x}-{i:04x}-4000-8000-000000000000",
+            model=GPU_MODELS[n % len(GPU_MODELS)][0],
+            memory_mib=GPU_MODELS[n % len(GPU_MODELS)][1],
+        )
+        for n, node in enumerate(nodes)
+        for i in range(GPUS_PER_NODE)
+    )
+    return [(gpu.node_id, gpu.pk) for gpu in gpus]
+
+
+def reservation_rows(
+    gpus: list[tuple[int, int]], owner_ids: list[int], now: datetime
+) -> Iterator[tuple[int, int, int, datetime, datetime]]:
+    """(user id, node id, gpu id, start, end): PER_GPU per GPU, one in each day-long cell from
+    PER_GPU/2 days before ``now``, 1 to 20 hours long on the 15-minute grid, so never overlapping."""
+    rng = random.Random(SEED)
+    first = now.replace(minute=0, second=0, microsecond=0) - CELL * (PER_GPU // 2)
+    quarter = timedelta(minutes=15)
+    for node_id, gpu_id in gpus:
+        for cell in range(PER_GPU):
+            length = rng.randint(4, 80) * quarter
+            start = first + cell * CELL + rng.randint(0, int((CELL - length) / quarter)) * quarter
+            yield rng.choice(owner_ids), node_id, gpu_id, start, start + length
+
+
+def copy_reservations(url: str, rows: list[tuple[int, int, int, datetime, datetime]]) -> None:
+    """COPY the reservations (ids taken from their sequence) and one active allocation each."""
+    with psycopg.connect(url) as conn, conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence('reservations_reservation', 'id')) FROM generate_series(1, %s)",
+            [len(rows)],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+        with cursor.copy(
+            'COPY reservations_reservation (id, user_id, node_id, start, "end", purpose, status, created_at, '
+            "decision_reason, cancel_reason) FROM STDIN"
+        ) as copy:
+            for pk, (user_id, node_id, _gpu, start, end) in zip(ids, rows, strict=True):
+                copy.write_row((pk, user_id, node_id, start, end, "", "approved", start - CELL, "", ""))
+        with cursor.copy(
+            'COPY reservations_allocation (reservation_id, gpu_id, start, "end", active) FROM STDIN'
+        ) as copy:
+            for pk, (_user, _node, gpu_id, start, end) in zip(ids, rows, strict=True):
+                copy.write_row((pk, gpu_id, start, end, True))
+        conn.commit()
+        conn.autocommit = True
+        cursor.execute("ANALYZE")
+
+
+def ensure_data_set(url: str, rebuild: bool) -> str:
+    """Load the read data set unless it is there; returns what was done, for the report."""
+    now = datetime.now(UTC)
+    if not rebuild and data_set_present(now):
+        return "data set already there"
+    began = time.perf_counter()
+    wipe_everything()
+    owners = ensure_users(OWNER_PREFIX, OWNER_COUNT)
+    gpus = create_nodes()
+    rows = list(reservation_rows(gpus, [owner.pk for owner in owners], now))
+    copy_reservations(url, rows)
+    return f"data set loaded in {time.perf_counter() - began:.1f} s"
+
+
+def data_set_summary() -> str:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """SELECT count(*) FILTER (WHERE start <= now() AND "end" > now()),
+                      count(*) FILTER (WHERE start > now()), count(*) FILTER (WHERE "end" <= now())
+               FROM reservations_allocation WHERE active"""
+        )
+        current, upcoming, past = cursor.fetchone()
+    return f"allocations: {current} current, {upcoming} upcoming, {past} past"
+
+
+# --- the server -----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def daphne_path() -> str:
+    beside = Path(sys.executable).parent / "daphne"
+    return str(beside if beside.exists() else REPO_ROOT / ".venv" / "bin" / "daphne")
+
+
+def start_server(url: str, port: int, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    env = os.environ | {
+        "DATABASE_URL": url,
+        "DEBUG": "0",
+        "API_RATE_PER_TOKEN": RATE,
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+    }
+    command = [daphne_path(), "-b", HOST, "-p", str(port), "portal.asgi:application"]
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
+
+
+def wait_for_server(server: subprocess.Popen[bytes], port: int) -> None:
+    """Return once the server answers any HTTP request; raise if it exits or takes too long."""
+    deadline = time.monotonic() + SERVER_START_TIMEOUT
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"daphne exited with status {server.returncode}")
+        try:
+            conn = http.client.HTTPConnection(HOST, port, timeout=5)
+            conn.request("GET", "/api/v1/")
+            conn.getresponse().read()
+            conn.close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"daphne did not answer within {SERVER_START_TIMEOUT:.0f} s")
+
+
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    if server.poll() is not None:
+        return
+    server.terminate()
+    try:
+        server.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+def print_log_tail(log: IO[bytes], lines: int = 30) -> None:
+    log.flush()
+    log.seek(0)
+    tail = log.read().decode(errors="replace").splitlines()[-lines:]
+    print("daphne log (tail):", *tail, sep="\n  ", file=sys.stderr)
+
+
+# --- HTTP clients ---------------------------------------------------------------------------
+
+
+class Client:
+    """One keep-alive connection with a bearer token; reconnects if the server drops it."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self.port = port
+        self.headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        self.conn = http.client.HTTPConnection(HOST, port, timeout=REQUEST_TIMEOUT)
+
+    def send(self, method: str, path: str, payload: dict[str, Any] | None = None) -> tuple[int, bytes]:
+        body = json.dumps(payload).encode() if payload is not None else None
+        headers = self.headers | ({"Content-Type": "application/json"} if body is not None else {})
+        try:
+            self.conn.request(method, path, body=body, headers=headers)
+            response = self.conn.getresponse()
+            return response.status, response.read()
+        except (OSError, http.client.HTTPException):
+            self.conn.close()
+            self.conn = http.client.HTTPConnection(HOST, self.port, timeout=REQUEST_TIMEOUT)
+            raise
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def timed(client: Client, result: ClientResult, expect: int, method: str, path: str, payload: Any = None) -> None:
+    """Send one request and record its latency (if it answered ``expect``) or its failure."""
+    began = time.perf_counter()
+    try:
+        status, body = client.send(method, path, payload)
+    except (OSError, http.client.HTTPException) as exc:
+        result.statuses[type(exc).__name__] += 1
+        return
+    elapsed = time.perf_counter() - began
+    if status == expect:
+        result.latencies.append(elapsed)
+        result.sizes.append(len(body))
+        return
+    result.statuses[str(status)] += 1
+    if len(result.bodies) < MAX_ERRORS_SHOWN:
+        result.bodies.append(f"{status}: {body[:500].decode(errors='replace')}")
+
+
+# --- booking over HTTP ----------------------------------------------------------------------
+
+
+def slots(now: datetime) -> Iterator[tuple[datetime, datetime]]:
+    """Hour-long slots, back to back, on the hour from LEAD_TIME ahead up to HORIZON."""
+    first = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0) + LEAD_TIME
+    for step in range(int((HORIZON - LEAD_TIME) / SLOT)):
+        start = first + step * SLOT
+        yield start, start + SLOT
+
+
+def booking_run(port: int, lanes: list[Lane], seconds: float) -> Row:
+    """One thread per lane, all starting together, each booking back to back for ``seconds``."""
+    clock: dict[str, float] = {}
+
+    def start_clock() -> None:
+        clock["start"] = time.perf_counter()
+        clock["deadline"] = clock["start"] + seconds
+
+    barrier = threading.Barrier(len(lanes), action=start_clock)
+    results = [ClientResult() for _ in lanes]
+    threads = [
+        threading.Thread(target=book_lane, args=(port, lane, result, barrier, clock))
+        for lane, result in zip(lanes, results, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return combine("POST /api/v1/reservations/", time.perf_counter() - clock["start"], results)
+
+
+def book_lane(port: int, lane: Lane, result: ClientResult, barrier: threading.Barrier, clock: dict[str, float]) -> None:
+    client = Client(port, lane.token)
+    try:
+        barrier.wait()
+        for start, end in slots(datetime.now(UTC)):
+            if time.perf_counter() >= clock["deadline"]:
+                return
+            payload = {"gpus": [lane.gpu_id], "start": start.isoformat(), "end": end.isoformat()}
+            timed(client, result, 201, "POST", "/api/v1/reservations/", payload)
+    finally:
+        client.close()
+
+
+# --- reads ----------------------------------------------------------------------------------
+
+
+def read_run(port: int, token: str, path: str, count: int) -> Row:
+    """``count`` sequential GETs of ``path`` on one connection, after one untimed warm-up."""
+    client = Client(port, token)
+    result = ClientResult()
+    try:
+        timed(client, ClientResult(), 200, "GET", path)
+        began = time.perf_counter()
+        for _ in range(count):
+            timed(client, result, 200, "GET", path)
+        elapsed = time.perf_counter() - began
+    finally:
+        client.close()
+    return combine(f"GET {path}", elapsed, [result])
+
+
+# --- reporting ------------------------------------------------------------------------------
+
+
+def report_errors(row: Row) -> None:
+    if not row.statuses:
+        return
+    print(f"{row.request}, {row.clients} clients: {sum(row.statuses.values())} errors ({row.errors})")
+    for body in row.bodies[:MAX_ERRORS_SHOWN]:
+        print(f"  {body}")
+
+
+def print_table(rows: list[Row]) -> None:
+    headers = ["request", "clients", "ok", "ok/s", "p50 ms", "p99 ms", "KiB", "errors"]
+    cells = [
+        [
+            row.request,
+            str(row.clients),
+            str(row.ok),
+            f"{row.rate:.1f}",
+            f"{row.percentile_ms(50):.1f}",
+            f"{row.percentile_ms(99):.1f}",
+            f"{sum(row.sizes) / len(row.sizes) / 1024:.1f}" if row.sizes else "-",
+            row.errors,
+        ]
+        for row in rows
+    ]
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *cells, strict=True)]
+    for line in [headers, ["-" * width for width in widths], *cells]:
+        first, *rest = line
+        print(" | ".join([first.ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(rest, widths[1:], strict=True))]))
+
+
+def print_context(args: argparse.Namespace, loaded: str) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        (version,) = cursor.fetchone()
+    print(
+        f"API benchmark through daphne: booking {args.seconds:g} s per run (1-hour slots, 1 GPU per client), "
+        f"reads {args.requests} sequential requests per URL over {GPU_COUNT} GPUs and {RESERVATION_COUNT:,} "
+        f"reservations; PostgreSQL {version}, {os.cpu_count()} CPUs"
+    )
+    print(f"{loaded}; {data_set_summary()}")
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def run_benchmarks(args: argparse.Namespace, port: int, reader_token: str) -> list[Row]:
+    rows = [read_run(port, reader_token, path, args.requests) for path in READ_URLS]
+    for clients in args.levels:
+        lanes = create_booking_lanes(clients)
+        rows.append(booking_run(port, lanes, args.seconds))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    url = database_url_or_exit()
+    ensure_database(url)
+    setup_django()
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        print(f"bench/api.py needs PostgreSQL, the settings gave {connection.vendor}.", file=sys.stderr)
+        return 2
+    clear_side_tables()
+    drop_booking_node()
+    loaded = ensure_data_set(url, args.rebuild)
+    reader_token = new_token(ensure_users(READER, 1)[0])
+    print_context(args, loaded)
+
+    port = args.port or free_port()
+    with tempfile.TemporaryFile() as log:
+        server = start_server(url, port, log)
+        try:
+            wait_for_server(server, port)
+            rows = run_benchmarks(args, port, reader_token)
+        except Exception:
+            print_log_tail(log)
+            raise
+        finally:
+            stop_server(server)
+    print()
+    for row in rows:
+        report_errors(row)
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
