@@ -343,9 +343,10 @@ def reservation_rows(
     gpus: list[tuple[int, int]], owner_ids: list[int], now: datetime
 ) -> Iterator[tuple[int, int, int, datetime, datetime]]:
     """(user id, node id, gpu id, start, end): PER_GPU per GPU, one in each day-long cell from
-    PER_GPU/2 days before ``now``, 1 to 20 hours long on the 15-minute grid, so never overlapping."""
+    PER_GPU/2 days before ``now``, 1 to 20 hours long on the 15-minute grid, so never overlapping.
+    ``now`` falls in the middle of a cell, so a good share of the GPUs are held right now."""
     rng = random.Random(SEED)
-    first = now.replace(minute=0, second=0, microsecond=0) - CELL * (PER_GPU // 2)
+    first = now.replace(minute=0, second=0, microsecond=0) - CELL * (PER_GPU // 2) - CELL / 2
     quarter = timedelta(minutes=15)
     for node_id, gpu_id in gpus:
         for cell in range(PER_GPU):
@@ -463,6 +464,20 @@ def print_log_tail(log: IO[bytes], lines: int = 30) -> None:
     log.seek(0)
     tail = log.read().decode(errors="replace").splitlines()[-lines:]
     print("daphne log (tail):", *tail, sep="\n  ", file=sys.stderr)
+
+
+def print_server_exceptions(log: IO[bytes]) -> None:
+    """The exceptions the server logged (the last line of each traceback), with their counts."""
+    log.flush()
+    log.seek(0)
+    lines = log.read().decode(errors="replace").splitlines()
+    found = Counter(
+        line.strip() for line in lines if not line.startswith(" ") and ("Error: " in line or "Exception: " in line)
+    )
+    if found:
+        print("exceptions in the daphne log:")
+    for line, count in found.most_common(MAX_ERRORS_SHOWN):
+        print(f"  {count} x {line[:300]}")
 
 
 # --- HTTP clients ---------------------------------------------------------------------------
@@ -657,9 +672,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         finally:
             stop_server(server)
-    print()
-    for row in rows:
-        report_errors(row)
+        print()
+        for row in rows:
+            report_errors(row)
+        if any(status.startswith("5") for row in rows for status in row.statuses):
+            print_server_exceptions(log)
     print_table(rows)
     return 0
 
