@@ -26,14 +26,15 @@ What it measures
 
 How to run it
     It needs PostgreSQL and a database of its own, whose name contains "bench": a rebuild empties
-    the booking and audit tables and deletes every node and GPU; every run empties the audit table.
+    the booking tables and deletes every node and GPU; every run empties the audit table and
+    deletes every booking limit and maintenance window (so none applies) and its own old tokens.
 
         DATABASE_URL=postgres://portal:portal@127.0.0.1:5432/portal_bench_api .venv/bin/python bench/api.py
         ... bench/api.py --seconds 10 --clients 1,16 --requests 50 --rebuild
 
     The database is created if it is missing and migrated. The bench data stays behind after the
-    run, so the next run skips the load. The server's log goes to a temporary file, whose tail is
-    printed if the server does not come up.
+    run, so the next run skips the load. The server's log goes to a temporary file: its tail is
+    printed if the server does not come up, and the exceptions in it if any request answered 5xx.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import http.client
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -90,6 +92,7 @@ OWNER_COUNT = 20
 READER = "bench-api-reader"
 GPU_MODELS = (("NVIDIA A100-SXM4-80GB", 81920), ("NVIDIA H100 80GB HBM3", 81559), ("NVIDIA L40S", 46068))
 SEED = 20240601
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception): ")  # a traceback's last line
 READ_URLS = (
     "/api/v1/gpus/",
     "/api/v1/gpus/?limit=1000",
@@ -471,9 +474,7 @@ def print_server_exceptions(log: IO[bytes]) -> None:
     log.flush()
     log.seek(0)
     lines = log.read().decode(errors="replace").splitlines()
-    found = Counter(
-        line.strip() for line in lines if not line.startswith(" ") and ("Error: " in line or "Exception: " in line)
-    )
+    found = Counter(line.strip() for line in lines if EXCEPTION_LINE.match(line))
     if found:
         print("exceptions in the daphne log:")
     for line, count in found.most_common(MAX_ERRORS_SHOWN):

@@ -3,7 +3,9 @@
 For each node, the candidate starts are the search start and every end of a busy period (a live
 allocation or a maintenance window) of that node: a window can only open when something ends.
 At each candidate, the GPUs free over the whole window are counted; the first candidate with
-enough free GPUs is that node's earliest window. Two queries in all, whatever the number of nodes.
+enough free GPUs is that node's earliest window. The search reaches a day ahead, then a week, then
+the whole horizon, only for nodes still without a window: two queries a step, whatever the number
+of nodes.
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ def earliest_windows(
     search_from = floor_to_grid(max(after or now, now))
     if search_from < now:  # the current grid cell counts as now
         search_from = now.replace(microsecond=0)
-    search_to = search_from + horizon + duration
 
     gpu_filter = Q(bookable=True, parent__isnull=True, node__status=Node.Status.ACTIVE)
     if node_name:
@@ -56,6 +57,28 @@ def earliest_windows(
     if not candidates:
         return []
 
+    # Search near dates first: a window found within a short horizon is that node's earliest, and
+    # most answers are near, so the far future's bookings are only read for nodes that need them.
+    windows: list[Window] = []
+    remaining = candidates
+    for reach in sorted({min(step, horizon) for step in _SEARCH_STEPS} | {horizon}):
+        reach_to = search_from + reach + duration
+        found = _search(remaining, gpu_count, duration, search_from, reach_to)
+        windows += found
+        done = {window.node.pk for window in found}
+        remaining = {node_id: gpus for node_id, gpus in remaining.items() if node_id not in done}
+        if not remaining:
+            break
+    windows.sort(key=lambda w: (w.start, w.node.name))
+    return windows[:limit]
+
+
+_SEARCH_STEPS = (timedelta(days=1), timedelta(days=7))
+
+
+def _search(
+    candidates: dict[int, list[Gpu]], gpu_count: int, duration: timedelta, search_from: datetime, search_to: datetime
+) -> list[Window]:
     busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)  # by GPU id
     node_busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)  # whole-node maintenance
     for gpu_id, start, end in Allocation.objects.filter(
@@ -72,8 +95,7 @@ def earliest_windows(
         window = _earliest_on_node(gpus, busy, node_busy[node_id], gpu_count, duration, search_from, search_to)
         if window is not None:
             windows.append(window)
-    windows.sort(key=lambda w: (w.start, w.node.name))
-    return windows[:limit]
+    return windows
 
 
 def _earliest_on_node(

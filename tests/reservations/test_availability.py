@@ -75,3 +75,10 @@ def test_a_found_window_can_be_booked(alice, bob, gpus):
         "/api/v1/reservations/", {"node": node, "gpu_count": 2, "start": start, "end": end}, format="json"
     )
     assert response.status_code == 201, response.json()
+
+
+def test_a_window_weeks_away_is_found(alice, bob, carol, gpus):
+    reservation_create(user=bob, gpus=gpus, start=at(0), end=at(10 * 24), actor=carol)
+    assert windows(alice, "gpus=4&hours=2") == [
+        ("gpu-a100", [0, 1, 2, 3], "2030-01-17T09:00:00Z", "2030-01-17T11:00:00Z")
+    ]
