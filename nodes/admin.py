@@ -3,9 +3,11 @@ from __future__ import annotations
 from django.contrib import admin
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 
 from audit.admin import AuditedAdminMixin
 from nodes.models import Gpu, Node
+from nodes.services import node_rotate_credentials
 
 
 class GpuInline(admin.TabularInline):
@@ -21,6 +23,18 @@ class NodeAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_filter = ("status", "requires_approval")
     search_fields = ("name", "hostname", "description")
     inlines = [GpuInline]
+    actions = ["issue_agent_credentials"]
+
+    @admin.action(description="Issue new agent credentials (shown once)", permissions=["change"])
+    def issue_agent_credentials(self, request: HttpRequest, queryset: QuerySet[Node]) -> TemplateResponse:
+        configs = [
+            {"node": node.name, "text": node_rotate_credentials(node=node, actor=request.user).as_config()}
+            for node in queryset
+        ]
+        context = {**self.admin_site.each_context(request), "title": "Agent credentials", "configs": configs}
+        response = TemplateResponse(request, "admin/nodes/agent_credentials.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
         return super().get_queryset(request).annotate(gpu_total=Count("gpus"))

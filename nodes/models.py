@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import secrets
+
 from django.core.validators import RegexValidator
 from django.db import models
 
@@ -13,6 +15,10 @@ validate_gpu_uuid = RegexValidator(
     r"\A(GPU|MIG)-[0-9a-fA-F-]{8,64}\Z",
     "Use the UUID NVML reports, like GPU-5f2c1d7e-... or MIG-...",
 )
+
+
+def _new_secret() -> str:
+    return secrets.token_hex(32)
 
 
 class Node(models.Model):
@@ -33,6 +39,12 @@ class Node(models.Model):
     requires_approval = models.BooleanField(
         default=False, help_text="Every booking on this node waits for an admin's approval."
     )
+    # The agent's credentials: the secret signs lease snapshots (HMAC), the token authenticates its
+    # reports (only a hash is kept). Both are shown once, by `manage.py register_node`.
+    lease_secret = models.CharField(max_length=128, default=_new_secret, editable=False)
+    agent_token_hash = models.CharField(max_length=64, blank=True, editable=False)
+    # Every snapshot sent to the node carries a higher version; the agent refuses older ones.
+    lease_version = models.PositiveBigIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ["name"]

@@ -35,6 +35,8 @@ DEBUG = envbool("DEBUG", False)
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
 SITE_NAME = envstr("SITE_NAME", "GPU booking portal")
+# How node agents and emails reach the portal.
+PORTAL_URL = envstr("PORTAL_URL", "http://127.0.0.1:8000")
 
 INSTALLED_APPS = [
     "daphne",

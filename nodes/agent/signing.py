@@ -1,0 +1,36 @@
+"""Signing lease snapshots: HMAC-SHA256 over a canonical JSON form.
+
+Shared by the portal (which signs) and the agent (which verifies), so both sides agree on the
+exact bytes. Pure standard library: the agent imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from typing import Any
+
+SIGNATURE_FIELD = "signature"
+
+
+def canonical_bytes(snapshot: dict[str, Any]) -> bytes:
+    """The snapshot without its signature, as compact JSON with sorted keys."""
+    unsigned = {key: value for key, value in snapshot.items() if key != SIGNATURE_FIELD}
+    return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def sign(snapshot: dict[str, Any], secret: str) -> str:
+    return hmac.new(secret.encode(), canonical_bytes(snapshot), hashlib.sha256).hexdigest()
+
+
+def signed(snapshot: dict[str, Any], secret: str) -> dict[str, Any]:
+    return {**snapshot, SIGNATURE_FIELD: sign(snapshot, secret)}
+
+
+def verify(snapshot: dict[str, Any], secret: str) -> bool:
+    """True only if the snapshot carries a signature that matches its content and this secret."""
+    given = snapshot.get(SIGNATURE_FIELD)
+    if not isinstance(given, str) or not secret:
+        return False
+    return hmac.compare_digest(given, sign(snapshot, secret))
