@@ -57,14 +57,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlsplit
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from benchdb import REPO_ROOT, database_url_or_exit, ensure_database, setup_django
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-POSTGRES_SCHEMES = {"postgres", "postgresql", "pgsql"}
 HOST = "127.0.0.1"
 RATE = "100000000/minute"
 SERVER_START_TIMEOUT = 60.0
@@ -184,49 +180,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if min(args.levels) < 1 or max(args.levels) > MAX_CLIENTS:
         parser.error(f"each client count must be between 1 and {MAX_CLIENTS}")
     return args
-
-
-def database_url_or_exit() -> str:
-    """The DATABASE_URL, if it names a PostgreSQL database meant for benchmarks."""
-    url = os.environ.get("DATABASE_URL", "")
-    if urlsplit(url).scheme not in POSTGRES_SCHEMES:
-        print(
-            "bench/api.py needs PostgreSQL: set DATABASE_URL, e.g.\n"
-            "  DATABASE_URL=postgres://portal:portal@127.0.0.1:5432/portal_bench_api .venv/bin/python bench/api.py",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-    dbname = conninfo_to_dict(url).get("dbname") or ""
-    if "bench" not in str(dbname):
-        print(
-            f"bench/api.py empties tables of its database; {dbname!r} does not look like a benchmark "
-            "database. Use one whose name contains 'bench', e.g. portal_bench_api.",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-    return url
-
-
-def ensure_database(url: str) -> None:
-    """Create the database named in ``url`` if it does not exist yet."""
-    dbname = str(conninfo_to_dict(url)["dbname"])
-    with psycopg.connect(make_conninfo(url, dbname="postgres"), autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [dbname]).fetchone()
-        if not exists:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-            print(f"created database {dbname}")
-
-
-def setup_django() -> None:
-    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
-    os.environ["DEBUG"] = "0"
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
 
 
 def execute(statement: str, params: Sequence[Any] = ()) -> None:
@@ -648,7 +601,7 @@ def run_benchmarks(args: argparse.Namespace, port: int, reader_token: str) -> li
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    url = database_url_or_exit()
+    url = database_url_or_exit("bench/api.py", "portal_bench_api")
     ensure_database(url)
     setup_django()
     from django.db import connection

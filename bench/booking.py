@@ -39,16 +39,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from benchdb import database_url_or_exit, ensure_database, setup_django
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-POSTGRES_SCHEMES = {"postgres", "postgresql", "pgsql"}
 GPU_COUNT = 64
 USER_COUNT = 16
 NODE_NAME = "bench-node"
@@ -115,50 +110,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.seconds <= 0 or not args.levels or min(args.levels) < 1 or max(args.levels) > USER_COUNT:
         parser.error(f"--seconds must be positive and each client count between 1 and {USER_COUNT}")
     return args
-
-
-def database_url_or_exit() -> str:
-    """The DATABASE_URL, if it names a PostgreSQL database meant for benchmarks."""
-    url = os.environ.get("DATABASE_URL", "")
-    if urlsplit(url).scheme not in POSTGRES_SCHEMES:
-        print(
-            "bench/booking.py needs PostgreSQL: set DATABASE_URL, e.g.\n"
-            "  DATABASE_URL=postgres://postgres@127.0.0.1:5432/portal_bench "
-            ".venv/bin/python bench/booking.py",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-    dbname = conninfo_to_dict(url).get("dbname") or ""
-    if "bench" not in str(dbname):
-        print(
-            f"bench/booking.py empties the booking tables of its database; {dbname!r} does not look like "
-            "a benchmark database. Use one whose name contains 'bench', e.g. portal_bench.",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-    return url
-
-
-def ensure_database(url: str) -> None:
-    """Create the database named in ``url`` if it does not exist yet."""
-    dbname = str(conninfo_to_dict(url)["dbname"])
-    with psycopg.connect(make_conninfo(url, dbname="postgres"), autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [dbname]).fetchone()
-        if not exists:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-            print(f"created database {dbname}")
-
-
-def setup_django() -> None:
-    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
-    os.environ["DEBUG"] = "0"
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
 
 
 def empty_bookings() -> None:
@@ -414,7 +365,7 @@ def print_context(seconds: float) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    url = database_url_or_exit()
+    url = database_url_or_exit("bench/booking.py", "portal_bench")
     ensure_database(url)
     setup_django()
     from django.db import connection
