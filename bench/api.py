@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import psycopg
-from benchdb import REPO_ROOT, database_url_or_exit, ensure_database, setup_django
+from benchdb import REPO_ROOT, database_url_or_exit, ensure_database, percentile_ms, setup_django
 
 HOST = "127.0.0.1"
 RATE = "100000000/minute"
@@ -132,11 +132,7 @@ class Row:
 
     def percentile_ms(self, pct: float) -> float:
         """Nearest-rank percentile of the successful requests' latency, in milliseconds."""
-        if not self.latencies:
-            return float("nan")
-        ordered = sorted(self.latencies)
-        rank = max(1, round(pct / 100 * len(ordered)))
-        return ordered[min(rank, len(ordered)) - 1] * 1000
+        return percentile_ms(self.latencies, pct)
 
     @property
     def errors(self) -> str:

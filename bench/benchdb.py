@@ -1,4 +1,4 @@
-"""The database set-up every benchmark shares: a PostgreSQL database of its own, migrated.
+"""What every benchmark shares: a PostgreSQL database of its own, migrated, and the latency figures.
 
 A benchmark empties booking tables, so it refuses a database whose name lacks "bench".
 """
@@ -60,3 +60,12 @@ def setup_django() -> None:
 
     django.setup()
     call_command("migrate", verbosity=0)
+
+
+def percentile_ms(latencies: list[float], pct: float) -> float:
+    """Nearest-rank percentile of latencies in seconds, in milliseconds (nan when there are none)."""
+    if not latencies:
+        return float("nan")
+    ordered = sorted(latencies)
+    rank = max(1, round(pct / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1] * 1000

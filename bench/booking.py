@@ -42,7 +42,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from benchdb import database_url_or_exit, ensure_database, setup_django
+from benchdb import database_url_or_exit, ensure_database, percentile_ms, setup_django
 
 GPU_COUNT = 64
 USER_COUNT = 16
@@ -82,11 +82,7 @@ class RunResult:
 
     def percentile_ms(self, pct: float) -> float:
         """Nearest-rank percentile of the per-call latency, in milliseconds."""
-        if not self.latencies:
-            return float("nan")
-        ordered = sorted(self.latencies)
-        rank = max(1, round(pct / 100 * len(ordered)))
-        return ordered[min(rank, len(ordered)) - 1] * 1000
+        return percentile_ms(self.latencies, pct)
 
 
 @dataclass(frozen=True)
