@@ -10,12 +10,14 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from nodes.models import Node
 from portal.api_schema import ERRORS, READ_ERRORS
+from portal.fields import AwareDateTimeField
 from reservations import selectors, services
 from reservations.availability import earliest_windows
 from reservations.exceptions import InvalidBooking, SlotConflict
@@ -153,10 +155,6 @@ def _validated(serializer_class: type, request: Request) -> dict[str, Any]:
 
 
 def _parse_time(name: str, raw: str) -> Any:
-    from rest_framework.exceptions import ValidationError
-
-    from portal.fields import AwareDateTimeField
-
     try:
         return AwareDateTimeField().to_internal_value(raw)
     except ValidationError as exc:

@@ -53,10 +53,6 @@ def reservation_for_update(reservation_id: int) -> Reservation:
     return Reservation.objects.select_for_update(of=("self",)).select_related("user", "node").get(pk=reservation_id)
 
 
-def reservation_gpus(reservation: Reservation) -> list[Gpu]:
-    return list(Gpu.objects.filter(allocations__reservation=reservation).select_related("node").order_by("index"))
-
-
 def reservation_list(*, user: Any) -> QuerySet[Reservation]:
     """What ``user`` may see: admins everything; researchers their own reservations and everyone
     else's live ones (shown as busy slots by the serializer)."""

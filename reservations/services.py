@@ -220,7 +220,7 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
         before = _snapshot(locked)
         locked.end = new_end
         locked.save(update_fields=["end"])
-        _extend_allocations(locked, new_end)
+        _extend_allocations(locked, gpus, new_end)
         _audit(actor, "extend", locked, before)
     return locked
 
@@ -431,8 +431,7 @@ def _write_allocations(reservation: Reservation, gpus: list[Gpu]) -> None:
     _guarded_by_constraint(lambda: Allocation.objects.bulk_create(rows), gpus, reservation)
 
 
-def _extend_allocations(reservation: Reservation, new_end: datetime) -> None:
-    gpus = list(Gpu.objects.filter(allocations__reservation=reservation).select_related("node"))
+def _extend_allocations(reservation: Reservation, gpus: list[Gpu], new_end: datetime) -> None:
     _guarded_by_constraint(lambda: reservation.allocations.update(end=new_end), gpus, reservation)
 
 
