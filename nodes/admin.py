@@ -1,12 +1,14 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.utils import timezone
 
 from audit.admin import AuditedAdminMixin
-from nodes.models import Gpu, Node
+from nodes.models import AgentState, Gpu, Node, NodeEvent
+from nodes.reports import gpu_return_to_service, node_online
 from nodes.services import node_rotate_credentials
 
 
@@ -14,12 +16,13 @@ class GpuInline(admin.TabularInline):
     model = Gpu
     fk_name = "node"
     extra = 0
-    fields = ("index", "uuid", "model", "memory_mib", "bookable")
+    fields = ("index", "uuid", "model", "memory_mib", "bookable", "drained_at", "drain_reason")
+    readonly_fields = ("drained_at", "drain_reason")
 
 
 @admin.register(Node)
 class NodeAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ("name", "hostname", "status", "requires_approval", "gpu_count")
+    list_display = ("name", "hostname", "status", "requires_approval", "gpu_count", "agent")
     list_filter = ("status", "requires_approval")
     search_fields = ("name", "hostname", "description")
     inlines = [GpuInline]
@@ -37,7 +40,16 @@ class NodeAdmin(AuditedAdminMixin, admin.ModelAdmin):
         return response
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
-        return super().get_queryset(request).annotate(gpu_total=Count("gpus"))
+        return super().get_queryset(request).select_related("agent_state").annotate(gpu_total=Count("gpus"))
+
+    @admin.display(description="agent")
+    def agent(self, obj: Node) -> str:
+        state = getattr(obj, "agent_state", None)
+        if state is None:
+            return "never reported" if obj.agent_token_hash else "not registered"
+        seen = timezone.localtime(state.last_seen).strftime("%Y-%m-%d %H:%M:%S")
+        status = "online" if node_online(state, timezone.now()) else "OFFLINE"
+        return f"{status} (last seen {seen}, snapshot v{state.applied_version})"
 
     @admin.display(description="GPUs", ordering="gpu_total")
     def gpu_count(self, obj: Node) -> int:
@@ -46,8 +58,40 @@ class NodeAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 @admin.register(Gpu)
 class GpuAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ("__str__", "model", "memory_mib", "bookable", "uuid")
-    list_filter = ("node", "model", "bookable")
+    list_display = ("__str__", "model", "memory_mib", "bookable", "drained_at", "uuid")
+    list_filter = ("node", "model", "bookable", ("drained_at", admin.EmptyFieldListFilter))
     search_fields = ("uuid", "model", "node__name")
     list_select_related = ("node",)
     raw_id_fields = ("parent",)
+    readonly_fields = ("drained_at", "drain_reason")
+    actions = ["return_to_service"]
+
+    @admin.action(description="Return drained GPUs to service", permissions=["change"])
+    def return_to_service(self, request: HttpRequest, queryset: QuerySet[Gpu]) -> None:
+        returned = sum(gpu_return_to_service(gpu=gpu, actor=request.user) for gpu in queryset)
+        self.message_user(request, f"{returned} GPU(s) returned to service.", messages.SUCCESS)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Written only by agents' reports: admins look, nobody edits."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(AgentState)
+class AgentStateAdmin(ReadOnlyAdmin):
+    list_display = ("node", "last_seen", "agent_version", "backend", "driver_version", "applied_version")
+    list_select_related = ("node",)
+
+
+@admin.register(NodeEvent)
+class NodeEventAdmin(ReadOnlyAdmin):
+    list_display = ("at", "node", "kind", "gpu", "user", "reservation_id", "message")
+    list_filter = ("kind", "node")
+    search_fields = ("user", "message", "gpu__uuid")
+    date_hierarchy = "at"
+    list_select_related = ("node", "gpu__node")

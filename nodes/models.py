@@ -64,6 +64,10 @@ class Gpu(models.Model):
     model = models.CharField(max_length=100)
     memory_mib = models.PositiveIntegerField("memory (MiB)")
     bookable = models.BooleanField(default=True)
+    # Set when the node's agent could not empty the GPU after a slot (an unkillable process): like a
+    # drained Slurm node it takes no new bookings until an admin returns it to service.
+    drained_at = models.DateTimeField(null=True, blank=True, editable=False)
+    drain_reason = models.CharField(max_length=500, blank=True, editable=False)
     # Room for MIG: a slice points at the physical GPU it belongs to.
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="slices")
 
@@ -84,3 +88,90 @@ class Gpu(models.Model):
     @property
     def memory_gb(self) -> int:
         return round(self.memory_mib / 1024)
+
+    @property
+    def is_bookable(self) -> bool:
+        return self.bookable and self.drained_at is None
+
+
+# GPUs that take new bookings, as a filter (the queryset twin of Gpu.is_bookable).
+BOOKABLE_GPUS = models.Q(bookable=True, drained_at__isnull=True)
+
+
+class AgentState(models.Model):
+    """The latest heartbeat of a node's agent: is it alive, what has it applied, which ACLs are in force."""
+
+    node = models.OneToOneField(Node, on_delete=models.CASCADE, primary_key=True, related_name="agent_state")
+    last_seen = models.DateTimeField(db_index=True)
+    agent_version = models.CharField(max_length=40, blank=True)
+    backend = models.CharField(max_length=20, blank=True)
+    driver_version = models.CharField(max_length=40, blank=True)
+    reported_hostname = models.CharField(max_length=253, blank=True)
+    applied_version = models.PositiveBigIntegerField(default=0)
+    acls = models.JSONField(default=dict, help_text="GPU UUID -> users holding an ACL on its device file.")
+    drained = models.JSONField(default=list)
+    clock_skew_seconds = models.FloatField(null=True, help_text="Agent clock minus portal clock, at the heartbeat.")
+
+    class Meta:
+        verbose_name = "agent state"
+
+    def __str__(self) -> str:
+        return f"agent on {self.node_id}"
+
+
+class GpuTelemetry(models.Model):
+    """The latest telemetry reading of one GPU; None means the card or driver does not report it."""
+
+    gpu = models.OneToOneField(Gpu, on_delete=models.CASCADE, primary_key=True, related_name="telemetry")
+    at = models.DateTimeField()
+    utilization_pct = models.PositiveSmallIntegerField(null=True)
+    memory_used_mib = models.PositiveIntegerField(null=True)
+    memory_total_mib = models.PositiveIntegerField(null=True)
+    temperature_c = models.SmallIntegerField(null=True)
+    slowdown_temperature_c = models.SmallIntegerField(null=True)
+    power_w = models.FloatField(null=True)
+    ecc_errors_uncorrected = models.PositiveBigIntegerField(null=True)
+    processes = models.JSONField(default=list, help_text="[{pid, user, used_memory_mib}]")
+
+    class Meta:
+        verbose_name = "GPU telemetry"
+        verbose_name_plural = "GPU telemetry"
+
+    def __str__(self) -> str:
+        return f"GPU {self.gpu_id} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class NodeEvent(models.Model):
+    """Something the agent did or saw: grants, revocations, leftovers, violations, refusals."""
+
+    class Kind(models.TextChoices):
+        SNAPSHOT_APPLIED = "snapshot_applied", "Snapshot applied"
+        SNAPSHOT_REFUSED = "snapshot_refused", "Snapshot refused"
+        GRANTED = "granted", "Access granted"
+        REVOKED = "revoked", "Access revoked"
+        GRANT_FAILED = "grant_failed", "Grant failed"
+        REVOKE_FAILED = "revoke_failed", "Revoke failed"
+        ACL_ERROR = "acl_error", "ACL unreadable"
+        UNKNOWN_GPU = "unknown_gpu", "Unknown GPU in a lease"
+        LEFTOVER = "leftover", "Leftover processes found"
+        ENDED = "ended", "Leftover processes ended"
+        UNKILLABLE = "unkillable", "Processes could not be ended"
+        DRAIN_CLEARED = "drain_cleared", "GPU emptied after all"
+        VIOLATION = "violation", "Use without a booking"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
+    gpu = models.ForeignKey(Gpu, on_delete=models.SET_NULL, null=True, blank=True, related_name="events")
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    at = models.DateTimeField(help_text="When it happened, by the agent's clock.")
+    received_at = models.DateTimeField(auto_now_add=True)
+    user = models.CharField(max_length=32, blank=True)
+    reservation_id = models.BigIntegerField(null=True, blank=True)
+    message = models.TextField(blank=True)
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["node", "-at"]), models.Index(fields=["kind", "-at"])]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}: {self.get_kind_display()} at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -11,7 +11,7 @@ from reservations.models import Allocation
 
 
 def node_list() -> QuerySet[Node]:
-    return Node.objects.annotate(gpu_count=Count("gpus")).order_by("name")
+    return Node.objects.select_related("agent_state").annotate(gpu_count=Count("gpus")).order_by("name")
 
 
 def gpu_list(

@@ -2,6 +2,7 @@ from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from accounts.api import ApiTokenViewSet, MeView
+from nodes.agent_api import EventsView, HeartbeatView, TelemetryView
 from nodes.api import GpuViewSet, NodeViewSet
 from reservations.api import AvailabilityView, ReservationViewSet
 
@@ -14,5 +15,8 @@ router.register("tokens", ApiTokenViewSet, basename="token")
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),
     path("availability/", AvailabilityView.as_view(), name="availability"),
+    path("agent/heartbeat/", HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("agent/events/", EventsView.as_view(), name="agent-events"),
+    path("agent/telemetry/", TelemetryView.as_view(), name="agent-telemetry"),
     path("", include(router.urls)),
 ]

@@ -13,4 +13,7 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 # Every periodic job, in one place. Each is idempotent and catches up after downtime.
-app.conf.beat_schedule = {}
+app.conf.beat_schedule = {
+    # Level-triggered leases: every node gets its whole state again, repairing any lost push.
+    "push-all-leases": {"task": "nodes.push_all_leases", "schedule": 60.0, "options": {"expires": 55}},
+}

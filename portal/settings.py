@@ -140,6 +140,7 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {
         "user": envstr("API_RATE_PER_TOKEN", "1200/minute"),
         "anon": envstr("API_RATE_ANONYMOUS", "60/minute"),
+        "agent": envstr("API_RATE_PER_AGENT", "600/minute"),
     },
     "EXCEPTION_HANDLER": "portal.api.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -160,6 +161,17 @@ REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# Node agents (docs/architecture.md, "leases"). Pushes of a node's leases coalesce over this many
+# milliseconds; a queued snapshot nobody took within the expiry is dropped (the next push replaces it).
+LEASE_PUSH_COALESCE_SECONDS = envint("LEASE_PUSH_COALESCE_MS", 200) / 1000
+LEASE_PUSH_EXPIRES_SECONDS = envint("LEASE_PUSH_EXPIRES_SECONDS", 120)
+# A node whose agent has not reported for this long is shown offline.
+AGENT_OFFLINE_AFTER_SECONDS = envint("AGENT_OFFLINE_AFTER_SECONDS", 40)
 
 # Booking rules that are settings rather than per-group limits (see docs/booking-rules.md).
 BOOKING_GRID_MINUTES = envint("BOOKING_GRID_MINUTES", 15)

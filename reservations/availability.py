@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from django.db.models import Q
 
-from nodes.models import Gpu, Node
+from nodes.models import BOOKABLE_GPUS, Gpu, Node
 from reservations.models import Allocation, MaintenanceWindow
 from reservations.timegrid import ceil_to_grid, floor_to_grid
 
@@ -45,7 +45,7 @@ def earliest_windows(
     if search_from < now:  # the current grid cell counts as now
         search_from = now.replace(microsecond=0)
 
-    gpu_filter = Q(bookable=True, parent__isnull=True, node__status=Node.Status.ACTIVE)
+    gpu_filter = BOOKABLE_GPUS & Q(parent__isnull=True, node__status=Node.Status.ACTIVE)
     if node_name:
         gpu_filter &= Q(node__name=node_name)
     if min_memory_mib is not None:

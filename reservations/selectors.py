@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db.models import Count, Q, QuerySet
 
-from nodes.models import Gpu, Node
+from nodes.models import BOOKABLE_GPUS, Gpu, Node
 from reservations.limits import Period
 from reservations.models import Allocation, MaintenanceWindow, Reservation
 
@@ -75,7 +75,7 @@ def free_gpus(*, node: Node, count: int, start: datetime, end: datetime) -> list
         "gpu_id"
     )
     return list(
-        Gpu.objects.filter(node=node, bookable=True, parent__isnull=True)
+        Gpu.objects.filter(BOOKABLE_GPUS, node=node, parent__isnull=True)
         .exclude(pk__in=busy)
         .exclude(pk__in=blocked)
         .select_related("node")

@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from nodes.models import Gpu, Node
+from nodes.pushes import push_after_commit
 from reservations import selectors
 from reservations.exceptions import (
     BookingBusy,
@@ -100,7 +101,7 @@ def reservation_create(
             created_at=now,
         )
         _write_allocations(reservation, booked_gpus)
-        audit_record(actor=actor, action="reservation.create", target=reservation, after=_snapshot(reservation))
+        _changed(actor, "create", reservation, before=None)
     return reservation
 
 
@@ -116,7 +117,7 @@ def reservation_approve(*, reservation: Reservation, actor: Any, reason: str = "
         locked.status = Status.APPROVED
         locked.decided_by, locked.decided_at, locked.decision_reason = actor, now, reason.strip()
         locked.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
-        _audit(actor, "approve", locked, before, reason=locked.decision_reason)
+        _changed(actor, "approve", locked, before, reason=locked.decision_reason)
     return locked
 
 
@@ -133,7 +134,7 @@ def reservation_reject(*, reservation: Reservation, actor: Any, reason: str) -> 
         locked.decided_by, locked.decided_at, locked.decision_reason = actor, timezone.now(), reason
         locked.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
         locked.allocations.update(active=False)
-        _audit(actor, "reject", locked, before, reason=reason)
+        _changed(actor, "reject", locked, before, reason=reason)
     return locked
 
 
@@ -156,7 +157,7 @@ def reservation_cancel(*, reservation: Reservation, actor: Any, reason: str = ""
         locked.cancelled_by, locked.cancelled_at, locked.cancel_reason = actor, now, (reason or "").strip()
         locked.save(update_fields=["status", "cancelled_by", "cancelled_at", "cancel_reason"])
         locked.allocations.update(active=False)
-        _audit(actor, "cancel", locked, before, reason=locked.cancel_reason)
+        _changed(actor, "cancel", locked, before, reason=locked.cancel_reason)
     return locked
 
 
@@ -180,7 +181,7 @@ def reservation_release(*, reservation: Reservation, actor: Any) -> Reservation:
         locked.end, locked.released_at = release_at, now
         locked.save(update_fields=["end", "released_at"])
         locked.allocations.update(end=release_at)
-        _audit(actor, "release", locked, before)
+        _changed(actor, "release", locked, before)
     return locked
 
 
@@ -221,7 +222,7 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
         locked.end = new_end
         locked.save(update_fields=["end"])
         _extend_allocations(locked, gpus, new_end)
-        _audit(actor, "extend", locked, before)
+        _changed(actor, "extend", locked, before)
     return locked
 
 
@@ -304,7 +305,7 @@ def _bookable_node(gpus: list[Gpu]) -> Node:
     node = gpus[0].node
     if not node.is_bookable:
         raise InvalidBooking(f"Node {node.name} is {node.get_status_display().lower()} and takes no bookings.")
-    unbookable = [str(gpu) for gpu in gpus if not gpu.bookable]
+    unbookable = [str(gpu) for gpu in gpus if not gpu.is_bookable]
     if unbookable:
         raise InvalidBooking(f"{', '.join(unbookable)} cannot be booked right now.", field="gpus")
     return node
@@ -394,7 +395,9 @@ def _require_status(reservation: Reservation, allowed: Sequence[str], becoming: 
         )
 
 
-def _audit(actor: Any, verb: str, reservation: Reservation, before: dict[str, Any], reason: str = "") -> None:
+def _changed(actor: Any, verb: str, reservation: Reservation, before: dict[str, Any] | None, reason: str = "") -> None:
+    """Every state change: audited, and the node gets its new lease state once this commits."""
+    push_after_commit(reservation.node_id)
     audit_record(
         actor=actor,
         action=f"reservation.{verb}",

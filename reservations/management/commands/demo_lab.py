@@ -15,6 +15,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 from django.utils import timezone
 
+from nodes.agent.gpus.simulated import simulated_uuid
 from nodes.models import Gpu, Node
 from reservations import services
 from reservations.models import Limit, Reservation
@@ -25,10 +26,10 @@ NODES = [
     ("gpu-4090", "gpu-4090.lab.example", "NVIDIA GeForce RTX 4090", 24564, True),
 ]
 USERS = [
-    # username, unix username, admin?
-    ("carol", "carol", True),
-    ("alice", "alice", False),
-    ("bob", "bob", False),
+    # username, unix username (the account on the GPU nodes; scripts/run creates them when it can), admin?
+    ("carol", "demo-carol", True),
+    ("alice", "demo-alice", False),
+    ("bob", "demo-bob", False),
 ]
 
 
@@ -65,16 +66,12 @@ class Command(BaseCommand):
                 },
             )
             for index in range(4):
+                # The same UUIDs the simulated agent reports for this node (scripts/run starts one).
                 Gpu.objects.get_or_create(
                     node=node,
                     index=index,
                     parent=None,
-                    defaults={
-                        "uuid": f"GPU-{secrets.token_hex(4)}-{secrets.token_hex(2)}-{secrets.token_hex(2)}-"
-                        f"{secrets.token_hex(2)}-{secrets.token_hex(6)}",
-                        "model": model,
-                        "memory_mib": memory,
-                    },
+                    defaults={"uuid": simulated_uuid(name, index), "model": model, "memory_mib": memory},
                 )
 
     def _users(self) -> dict[str, Any]:

@@ -1,0 +1,161 @@
+"""The agent's configuration: a ``KEY=value`` file, overridden by ``GPUBOOK_<KEY>`` variables.
+
+The file has the same lines ``manage.py register_node`` prints, so an admin pastes them into
+``/etc/gpubook/agent.conf`` and adds what differs from the defaults. The same file can serve
+as a systemd ``EnvironmentFile``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_CONFIG_FILE = "/etc/gpubook/agent.conf"
+ENV_PREFIX = "GPUBOOK_"
+NODE_NAME_RE = re.compile(r"\A[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+DEFAULT_PROTECTED = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "nvidia-smi")
+
+
+class ConfigError(ValueError):
+    """A configuration a person must fix; the message says what and where."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node_name: str
+    broker_url: str
+    portal_url: str
+    agent_token: str
+    lease_secret: str
+    state_dir: str = "/var/lib/gpubook-agent"
+    device_dir: str = "/dev"
+    backend: str = "nvml"
+    simulated_gpus: int = 4
+    grace_seconds: float = 30.0
+    reconcile_seconds: float = 5.0
+    heartbeat_seconds: float = 10.0
+    telemetry_seconds: float = 5.0
+    end_violations: bool = False
+    protected_processes: frozenset[str] = field(default_factory=lambda: frozenset(DEFAULT_PROTECTED))
+    ca_file: str = ""
+    log_level: str = "INFO"
+
+    @property
+    def queue(self) -> str:
+        """The Celery queue the portal pushes this node's snapshots to."""
+        return f"node.{self.node_name}"
+
+
+_REQUIRED = ("NODE_NAME", "BROKER_URL", "PORTAL_URL", "AGENT_TOKEN", "LEASE_SECRET")
+_FLOATS = {
+    "GRACE_SECONDS": "grace_seconds",
+    "RECONCILE_SECONDS": "reconcile_seconds",
+    "HEARTBEAT_SECONDS": "heartbeat_seconds",
+    "TELEMETRY_SECONDS": "telemetry_seconds",
+}
+_STRINGS = {
+    "STATE_DIR": "state_dir",
+    "DEVICE_DIR": "device_dir",
+    "BACKEND": "backend",
+    "CA_FILE": "ca_file",
+    "LOG_LEVEL": "log_level",
+}
+_KNOWN = set(_REQUIRED) | set(_FLOATS) | set(_STRINGS) | {"SIMULATED_GPUS", "END_VIOLATIONS", "PROTECTED_PROCESSES"}
+
+
+def read_config_file(path: str | Path) -> dict[str, str]:
+    """``KEY=value`` lines; blank lines and ``#`` comments skipped; optional quotes stripped."""
+    values: dict[str, str] = {}
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read the config file {path}: {error.strerror}") from error
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise ConfigError(f"{path}, line {number}: expected KEY=value")
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        values[key.upper()] = value
+    return values
+
+
+def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> AgentConfig:
+    """The file (when given, or the default file when it exists), then the environment on top."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, str] = {}
+    file = path or environ.get(ENV_PREFIX + "AGENT_CONFIG") or DEFAULT_CONFIG_FILE
+    if path or Path(file).exists():
+        values.update(read_config_file(file))
+    for key, value in environ.items():
+        if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :] in _KNOWN:
+            values[key[len(ENV_PREFIX) :]] = value
+    unknown = sorted(set(values) - _KNOWN)
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(_KNOWN))}")
+    return config_from_values(values)
+
+
+def config_from_values(values: Mapping[str, str]) -> AgentConfig:
+    missing = [key for key in _REQUIRED if not values.get(key)]
+    if missing:
+        raise ConfigError(f"missing setting(s): {', '.join(missing)} (manage.py register_node prints them)")
+    name = values["NODE_NAME"]
+    if not NODE_NAME_RE.match(name):
+        raise ConfigError(f"NODE_NAME {name!r} is not a valid node name (lowercase letters, digits and dashes)")
+    if not values["PORTAL_URL"].startswith(("https://", "http://")):
+        raise ConfigError(
+            f"PORTAL_URL must start with https:// (or http:// on a trusted network): {values['PORTAL_URL']!r}"
+        )
+    kwargs: dict[str, object] = {
+        "node_name": name,
+        "broker_url": values["BROKER_URL"],
+        "portal_url": values["PORTAL_URL"].rstrip("/"),
+        "agent_token": values["AGENT_TOKEN"],
+        "lease_secret": values["LEASE_SECRET"],
+    }
+    for key, attr in _STRINGS.items():
+        if values.get(key):
+            kwargs[attr] = values[key]
+    for key, attr in _FLOATS.items():
+        if values.get(key):
+            kwargs[attr] = _positive_float(key, values[key])
+    if values.get("SIMULATED_GPUS"):
+        kwargs["simulated_gpus"] = int(_positive_float("SIMULATED_GPUS", values["SIMULATED_GPUS"]))
+    if values.get("END_VIOLATIONS"):
+        kwargs["end_violations"] = _boolean("END_VIOLATIONS", values["END_VIOLATIONS"])
+    if "PROTECTED_PROCESSES" in values:
+        names = {item.strip() for item in values["PROTECTED_PROCESSES"].split(",") if item.strip()}
+        kwargs["protected_processes"] = frozenset(names)
+    if kwargs.get("backend", "nvml") not in ("nvml", "simulated"):
+        raise ConfigError(f"BACKEND must be nvml or simulated, not {kwargs['backend']!r}")
+    if kwargs.get("backend") == "simulated" and "device_dir" not in kwargs:
+        # Stand-in device files are plain files: never create them in the real /dev.
+        kwargs["device_dir"] = str(Path(str(kwargs.get("state_dir", AgentConfig.state_dir))) / "dev")
+    return AgentConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def _positive_float(key: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{key} must be a number, not {raw!r}") from None
+    if not value > 0:
+        raise ConfigError(f"{key} must be greater than 0, not {raw!r}")
+    return value
+
+
+def _boolean(key: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{key} must be true or false, not {raw!r}")

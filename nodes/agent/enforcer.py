@@ -1,0 +1,333 @@
+"""Converging the node to its newest lease snapshot, on the agent's own clock.
+
+Level-triggered and fail-closed (docs/architecture.md): at any moment the GPUs' ACLs must be
+exactly what the stored snapshot's leases say for *now*. Two things drive that:
+
+- a timer set for the next boundary (a lease start or end, a cleanup deadline), so a slot
+  opens and closes within milliseconds of its time, from the in-memory view of the ACLs;
+- a full reconcile every few seconds, which reads the real ACLs back, repairs any drift and
+  looks for processes that have no business on a GPU.
+
+Nothing here waits on the portal or the broker: once a snapshot is stored, every end in it
+is enforced even if both are gone. The agent never extends a lease by itself.
+
+Ending processes blocks for seconds (SIGTERM, wait, SIGKILL), so it runs on its own thread;
+the boundary timer is never held up by a process that is slow to die.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from nodes.agent import acl, cleanup, procfs
+from nodes.agent.config import AgentConfig
+from nodes.agent.snapshot import Snapshot, SnapshotRefused, parse_snapshot
+from nodes.agent.store import SnapshotStore
+
+log = logging.getLogger(__name__)
+
+Report = Callable[..., None]  # report(kind, **fields): one event for the portal
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class CleanupJob:
+    gpu: str
+    user: str
+    pids: tuple[int, ...]
+
+
+class Enforcer:
+    """Owns the GPUs' ACLs. ``offer`` takes snapshots (any thread); ``run`` enforces them."""
+
+    MIN_WAIT = 0.0005  # seconds; a timer that fires a hair early just goes round once more
+
+    def __init__(
+        self,
+        *,
+        config: AgentConfig,
+        backend: Any,
+        store: SnapshotStore,
+        report: Report,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.store = store
+        self.report = report
+        self.clock = clock
+        self.paths = {gpu.uuid: backend.device_path(gpu.uuid) for gpu in backend.gpus()}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._snapshot: Snapshot | None = None
+        self._granted: dict[str, set[str]] = {uuid: set() for uuid in self.paths}
+        self._cleanups: dict[tuple[str, str], datetime] = {}  # (gpu, user) -> when to end what is left
+        self._cleanup_queue: queue.Queue[CleanupJob | None] = queue.Queue()
+        self._violations_seen: set[tuple[str, int]] = set()
+        self._failures_seen: set[tuple[str, str, int]] = set()
+        self._unknown_gpus_seen: set[str] = set()
+        self._nvml_pids: dict[str, set[int]] = {}
+        self.drained: set[str] = set()
+        self._uid_min = procfs.uid_min()
+        self._threads: list[threading.Thread] = []
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    @property
+    def applied_version(self) -> int:
+        snapshot = self._snapshot
+        return snapshot.version if snapshot else 0
+
+    def offer(self, raw: Any) -> str:
+        """Accept ``raw`` if it is valid and newer than what is applied: 'applied', 'stale' or 'refused'."""
+        try:
+            snapshot = parse_snapshot(raw, node_name=self.config.node_name, secret=self.config.lease_secret)
+        except SnapshotRefused as refusal:
+            log.warning("snapshot refused: %s", refusal)
+            self.report("snapshot_refused", message=str(refusal))
+            return "refused"
+        with self._lock:
+            current = self.applied_version
+            if snapshot.version <= current:
+                if snapshot.version < current:
+                    message = f"version {snapshot.version} is older than the applied version {current}"
+                    self.report("snapshot_refused", message=message)
+                return "stale"
+            self.store.save(snapshot.raw)
+            self._snapshot = snapshot
+            self._failures_seen.clear()
+            self._unknown_gpus_seen.clear()
+        self.report("snapshot_applied", version=snapshot.version, leases=len(snapshot.leases))
+        self._wake.set()
+        return "applied"
+
+    def restore(self) -> None:
+        """Load the stored snapshot (verified again), so enforcement resumes before any message."""
+        raw = self.store.load()
+        if raw is None:
+            return
+        try:
+            self._snapshot = parse_snapshot(raw, node_name=self.config.node_name, secret=self.config.lease_secret)
+        except SnapshotRefused as refusal:
+            # A rotated secret or an edited file: trust nothing, so every grant is removed.
+            log.error("stored snapshot not trusted (%s); starting with no leases", refusal)
+            self.report("snapshot_refused", message=f"stored snapshot: {refusal}")
+
+    # -- what should be ---------------------------------------------------------------------
+
+    def desired(self, now: datetime) -> dict[str, set[str]]:
+        """For each GPU of this node, the users whose lease covers ``now``."""
+        wanted: dict[str, set[str]] = {uuid: set() for uuid in self.paths}
+        snapshot = self._snapshot
+        for lease in snapshot.leases if snapshot else ():
+            if not lease.active_at(now):
+                continue
+            for uuid in lease.gpus:
+                if uuid in wanted:
+                    wanted[uuid].add(lease.user)
+                elif uuid not in self._unknown_gpus_seen:
+                    self._unknown_gpus_seen.add(uuid)
+                    self.report("unknown_gpu", gpu=uuid, user=lease.user, reservation=lease.reservation)
+        return wanted
+
+    def next_boundary(self, now: datetime) -> datetime | None:
+        """The first lease start or end, or cleanup deadline, after ``now``."""
+        moments = [deadline for deadline in self._cleanups.values()]
+        snapshot = self._snapshot
+        for lease in snapshot.leases if snapshot else ():
+            moments.extend(moment for moment in (lease.start, lease.end) if moment > now)
+        return min(moments, default=None)
+
+    # -- making it so -----------------------------------------------------------------------
+
+    def converge(self, now: datetime) -> None:
+        """Apply the difference between the wanted ACLs and the ones in force; revokes first."""
+        wanted = self.desired(now)
+        for uuid, users in wanted.items():
+            for user in sorted(self._granted[uuid] - users):
+                self._revoke(uuid, user, now)
+        for uuid, users in wanted.items():
+            for user in sorted(users - self._granted[uuid]):
+                self._grant(uuid, user, now)
+
+    def reconcile(self, now: datetime) -> None:
+        """Read the real ACLs back, converge, then check who is actually using each GPU."""
+        for uuid, path in self.paths.items():
+            try:
+                self._granted[uuid] = acl.granted_users(path)
+            except acl.AclError as error:
+                self._report_once("acl_error", uuid, "", f"cannot read the ACL of {path}: {error}")
+        self.converge(now)
+        self._check_holders(now)
+
+    def startup(self) -> None:
+        """Restore the stored snapshot and remove every grant it does not back, before anything else."""
+        self.restore()
+        self.reconcile(self.clock())
+
+    def _grant(self, uuid: str, user: str, now: datetime) -> None:
+        try:
+            acl.grant(self.paths[uuid], user)
+        except acl.AclError as error:
+            self._report_once("grant_failed", uuid, user, str(error))
+            return
+        self._granted[uuid].add(user)
+        self._cleanups.pop((uuid, user), None)
+        self.report("granted", gpu=uuid, user=user, **self._lease_fields(uuid, user, now, starting=True))
+
+    def _revoke(self, uuid: str, user: str, now: datetime) -> None:
+        try:
+            acl.revoke(self.paths[uuid], user)
+        except acl.AclError as error:
+            self._report_once("revoke_failed", uuid, user, str(error))
+            return
+        self._granted[uuid].discard(user)
+        if not user.isdigit():  # an entry left for a deleted account has no processes to end
+            self._cleanups[(uuid, user)] = now + timedelta(seconds=self.config.grace_seconds)
+        self.report("revoked", gpu=uuid, user=user, **self._lease_fields(uuid, user, now, starting=False))
+
+    def _lease_fields(self, uuid: str, user: str, now: datetime, *, starting: bool) -> dict[str, Any]:
+        """The reservation and boundary behind a change, when a lease explains it (for reports and bench)."""
+        snapshot = self._snapshot
+        best = None
+        for lease in snapshot.leases if snapshot else ():
+            if lease.user == user and uuid in lease.gpus:
+                boundary = lease.start if starting else lease.end
+                if boundary <= now and (best is None or boundary > best[1]):
+                    best = (lease.reservation, boundary)
+        if best is None:
+            return {}
+        return {"reservation": best[0], "boundary": best[1].isoformat()}
+
+    # -- processes --------------------------------------------------------------------------
+
+    def note_gpu_processes(self, pids_by_gpu: dict[str, set[int]]) -> None:
+        """Pids NVML lists per GPU (from the telemetry sampler), joined with the /proc scan."""
+        self._nvml_pids = pids_by_gpu
+
+    def holders(self) -> dict[str, list[cleanup.Holder]]:
+        """Processes on each GPU: the device file held open, or listed by the GPU backend."""
+        by_path = procfs.fd_holders(self.paths.values())
+        found: dict[str, list[cleanup.Holder]] = {}
+        for uuid, path in self.paths.items():
+            pids = by_path.get(path, set()) | self._nvml_pids.get(uuid, set())
+            found[uuid] = [holder for holder in cleanup.describe(sorted(pids)) if not self._protected(holder)]
+        return found
+
+    def _protected(self, holder: cleanup.Holder) -> bool:
+        return cleanup.protected(
+            holder, allow_names=self.config.protected_processes, own_pid=os.getpid(), uid_min=self._uid_min
+        )
+
+    def _check_holders(self, now: datetime) -> None:
+        wanted = self.desired(now)
+        live: set[tuple[str, int]] = set()
+        for uuid, holders in self.holders().items():
+            for holder in holders:
+                live.add((uuid, holder.pid))
+                if holder.user in wanted[uuid] or (uuid, holder.user or "") in self._cleanups:
+                    continue
+                if (uuid, holder.pid) in self._violations_seen:
+                    continue
+                self._violations_seen.add((uuid, holder.pid))
+                self.report("violation", gpu=uuid, user=holder.user, pid=holder.pid, process=holder.name)
+                if self.config.end_violations:
+                    self._cleanup_queue.put(CleanupJob(gpu=uuid, user=holder.user or "", pids=(holder.pid,)))
+        self._violations_seen &= live
+        for uuid in list(self.drained):
+            if not any(key[0] == uuid for key in live):
+                self.drained.discard(uuid)
+                self.report("drain_cleared", gpu=uuid)
+
+    def run_due_cleanups(self, now: datetime) -> None:
+        """After the grace period, hand what the expired holder still runs on that GPU to the cleaner."""
+        due = [key for key, deadline in self._cleanups.items() if deadline <= now]
+        if not due:
+            return
+        wanted = self.desired(now)
+        holders = self.holders()
+        for uuid, user in due:
+            del self._cleanups[(uuid, user)]
+            if user in wanted[uuid]:
+                continue  # booked again meanwhile
+            pids = tuple(holder.pid for holder in holders[uuid] if holder.user == user)
+            if pids:
+                self.report("leftover", gpu=uuid, user=user, pids=list(pids))
+                self._cleanup_queue.put(CleanupJob(gpu=uuid, user=user, pids=pids))
+
+    def _clean(self, job: CleanupJob) -> None:
+        result = cleanup.terminate(job.pids)
+        if result.ended:
+            self.report("ended", gpu=job.gpu, user=job.user, pids=sorted(result.ended))
+        if result.unkillable:
+            self.drained.add(job.gpu)
+            self._violations_seen.update((job.gpu, pid) for pid in result.unkillable)  # reported as unkillable
+            self.report("unkillable", gpu=job.gpu, user=job.user, pids=sorted(result.unkillable), drained=True)
+
+    def _report_once(self, kind: str, uuid: str, user: str, message: str) -> None:
+        key = (uuid, user, hash((kind, message)))
+        if key not in self._failures_seen:
+            self._failures_seen.add(key)
+            log.error("%s on %s for %r: %s", kind, uuid, user, message)
+            self.report(kind, gpu=uuid, user=user or None, message=message)
+
+    # -- threads ----------------------------------------------------------------------------
+
+    def acls_in_force(self) -> dict[str, list[str]]:
+        return {uuid: sorted(users) for uuid, users in self._granted.items()}
+
+    def start(self) -> None:
+        for target, name in ((self._loop, "enforcer"), (self._cleaner, "cleaner")):
+            thread = threading.Thread(target=target, name=f"agent-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._cleanup_queue.put(None)
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _loop(self) -> None:
+        next_full = time.monotonic() + self.config.reconcile_seconds
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                now = self.clock()
+                if time.monotonic() >= next_full:
+                    self.reconcile(now)
+                    next_full = time.monotonic() + self.config.reconcile_seconds
+                else:
+                    self.converge(now)
+                self.run_due_cleanups(now)
+                wait = next_full - time.monotonic()
+                boundary = self.next_boundary(self.clock())
+                if boundary is not None:
+                    wait = min(wait, (boundary - self.clock()).total_seconds())
+            except Exception:  # keep enforcing whatever one pass tripped over
+                log.exception("enforcement pass failed")
+                wait = 1.0
+            self._wake.wait(max(wait, self.MIN_WAIT))
+
+    def _cleaner(self) -> None:
+        while True:
+            job = self._cleanup_queue.get()
+            if job is None:
+                return
+            try:
+                self._clean(job)
+            except Exception:
+                log.exception("cleanup of %s failed", job)

@@ -1,0 +1,112 @@
+"""``gpubook-agent``: the one command that runs the agent on a GPU server.
+
+Order matters: the stored snapshot is enforced (and every grant it does not back removed)
+before the agent listens to the broker, so a restart never opens a GPU to anyone it should not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+import warnings
+from typing import Any
+
+from celery.exceptions import SecurityWarning
+
+from nodes.agent import AGENT_VERSION, procfs
+from nodes.agent.config import ConfigError, load_config
+from nodes.agent.enforcer import Enforcer
+from nodes.agent.gpus import BackendUnavailable, open_backend
+from nodes.agent.reporter import Reporter
+from nodes.agent.store import SnapshotStore
+from nodes.agent.worker import make_app
+
+log = logging.getLogger("gpubook.agent")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpubook-agent", description="GPU booking portal node agent")
+    parser.add_argument("--config", help="KEY=value config file (default /etc/gpubook/agent.conf)")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        print(f"gpubook-agent: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        backend = open_backend(
+            config.backend,
+            device_dir=config.device_dir,
+            node_name=config.node_name,
+            simulated_gpus=config.simulated_gpus,
+        )
+    except BackendUnavailable as error:
+        print(f"gpubook-agent: {error}", file=sys.stderr)
+        return 2
+
+    reporter = Reporter(config)
+    enforcer = Enforcer(config=config, backend=backend, store=SnapshotStore(config.state_dir), report=reporter.event)
+    reporter.heartbeat = lambda: _heartbeat(config.backend, backend, enforcer)
+    reporter.telemetry = lambda: _telemetry(backend, enforcer)
+
+    enforcer.startup()
+    enforcer.start()
+    reporter.start()
+    log.info(
+        "agent %s for node %s: %d GPU(s), queue %s", AGENT_VERSION, config.node_name, len(enforcer.paths), config.queue
+    )
+
+    # The agent must be root (ACLs on /dev, signals to any user's processes). Celery warns about that
+    # for workers that unpickle; ours accepts JSON only, and the warning would only alarm admins.
+    warnings.filterwarnings("ignore", category=SecurityWarning)
+    app = make_app(broker_url=config.broker_url, queue=config.queue, offer=enforcer.offer)
+    worker = app.Worker(
+        pool="solo",
+        concurrency=1,
+        hostname=f"agent@{config.node_name}",
+        loglevel=config.log_level.upper(),
+        without_heartbeat=True,
+        without_mingle=True,
+        without_gossip=True,
+        quiet=True,
+    )
+    try:
+        worker.start()
+    finally:
+        reporter.stop()
+        enforcer.stop()
+        backend.close()
+    return worker.exitcode or 0
+
+
+def _heartbeat(kind: str, backend: Any, enforcer: Enforcer) -> dict[str, Any]:
+    return {
+        "agent_version": AGENT_VERSION,
+        "backend": kind,
+        "driver_version": backend.driver_version,
+        "hostname": socket.gethostname(),
+        "applied_version": enforcer.applied_version,
+        "acls": enforcer.acls_in_force(),
+        "drained": sorted(enforcer.drained),
+    }
+
+
+def _telemetry(backend: Any, enforcer: Enforcer) -> list[dict[str, Any]]:
+    """One sample per GPU, each process with its owner's name; the pids also feed the enforcer."""
+    samples = backend.sample()
+    enforcer.note_gpu_processes({sample.uuid: {p.pid for p in sample.processes} for sample in samples})
+    reported = []
+    for sample in samples:
+        data = sample.as_dict()
+        for process in data["processes"]:
+            uid = procfs.process_uid(process["pid"])
+            process["user"] = procfs.user_name(uid) if uid is not None else None
+        reported.append(data)
+    return reported
+
+
+if __name__ == "__main__":
+    sys.exit(main())

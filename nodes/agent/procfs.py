@@ -1,0 +1,126 @@
+"""Reading processes from /proc: who holds which device file open, and who they are.
+
+Revoking an ACL does not close file descriptors already open, so the agent finds the
+processes that hold a GPU's device file by scanning ``/proc/<pid>/fd``. A process can vanish
+at any moment during the scan; that is normal and is skipped, never an error: the readers
+below return ``None`` for a process that is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Iterable
+
+PROC = "/proc"
+LOGIN_DEFS = "/etc/login.defs"
+DEFAULT_UID_MIN = 1000
+
+
+def fd_holders(paths: Iterable[str], *, proc: str = PROC) -> dict[str, set[int]]:
+    """For each path, the pids that hold it open (paths compared after resolving symlinks).
+
+    Only ``readlink`` is used on the descriptors, never ``stat``: a descriptor on a hung network
+    filesystem must not hang the scan.
+    """
+    wanted: dict[str, list[str]] = {}
+    for path in paths:
+        wanted.setdefault(os.path.realpath(path), []).append(path)
+    found: dict[str, set[int]] = {path: set() for aliases in wanted.values() for path in aliases}
+    if not wanted:
+        return found
+    try:
+        entries = os.scandir(proc)
+    except OSError:
+        return found
+    with entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            fd_dir = f"{proc}/{pid}/fd"
+            try:
+                fds = os.listdir(fd_dir)
+            except OSError:  # gone, or not ours to read
+                continue
+            for fd in fds:
+                try:
+                    target = os.readlink(f"{fd_dir}/{fd}")
+                except OSError:
+                    continue
+                for path in wanted.get(target, ()):
+                    found[path].add(pid)
+    return found
+
+
+def process_status(pid: int, *, proc: str = PROC) -> dict[str, str] | None:
+    """The fields of ``/proc/<pid>/status`` as text (``{"Uid": "1000\\t1000\\t1000\\t1000", ...}``)."""
+    try:
+        with open(f"{proc}/{pid}/status", encoding="utf-8", errors="replace") as file:
+            text = file.read()
+    except OSError:
+        return None
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key] = value.strip()
+    return fields
+
+
+def process_uids(pid: int, *, proc: str = PROC) -> tuple[int, ...] | None:
+    """Real, effective, saved and filesystem uids of ``pid``; ``None`` if it is gone."""
+    status = process_status(pid, proc=proc)
+    if status is None or "Uid" not in status:
+        return None
+    try:
+        return tuple(int(value) for value in status["Uid"].split())
+    except ValueError:
+        return None
+
+
+def process_uid(pid: int, *, proc: str = PROC) -> int | None:
+    """The real uid: the account that started the process, which is whose lease it runs under."""
+    uids = process_uids(pid, proc=proc)
+    return uids[0] if uids else None
+
+
+def process_name(pid: int, *, proc: str = PROC) -> str | None:
+    """The kernel's short name (``comm``): at most 15 characters, and the process may change it."""
+    try:
+        with open(f"{proc}/{pid}/comm", encoding="utf-8", errors="replace") as file:
+            return file.read().rstrip("\n")
+    except OSError:
+        return None
+
+
+def uid_min(path: str = LOGIN_DEFS) -> int:
+    """``UID_MIN`` from login.defs: below it are system accounts, which the agent never touches."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return DEFAULT_UID_MIN
+    value = DEFAULT_UID_MIN
+    for line in lines:  # the last setting wins, as in shadow's own reader
+        fields = line.split("#", 1)[0].split()
+        if len(fields) >= 2 and fields[0] == "UID_MIN":
+            try:
+                value = int(fields[1], 0)  # login.defs numbers may be written in hex, like strtol(..., 0)
+            except ValueError:
+                value = DEFAULT_UID_MIN
+    return value if value > 0 else DEFAULT_UID_MIN
+
+
+def user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return None
+
+
+def uid_of(user: str) -> int | None:
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except (KeyError, ValueError, TypeError):
+        return None

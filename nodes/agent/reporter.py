@@ -1,0 +1,142 @@
+"""Reports to the portal over HTTP(S) with the node's token: heartbeat, events, telemetry.
+
+The portal may be down for a while: events wait in a bounded buffer and go out in order when
+it is back; heartbeats and telemetry are only ever the latest state, so a missed one is
+simply skipped. Nothing the enforcer does waits on this thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from nodes.agent.config import AgentConfig
+
+log = logging.getLogger(__name__)
+
+EVENT_BUFFER = 10_000
+EVENTS_PER_POST = 500
+
+
+class PortalUnreachable(Exception):
+    pass
+
+
+class PortalClient:
+    """POSTs JSON to the portal's agent endpoints."""
+
+    def __init__(self, config: AgentConfig, timeout: float = 5.0) -> None:
+        self.base = config.portal_url.rstrip("/") + "/api/v1/agent/"
+        self.token = config.agent_token
+        self.timeout = timeout
+        self.context = ssl.create_default_context(cafile=config.ca_file or None)
+
+    def post(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        # The scheme is checked when the config loads (http or https only).
+        request = urllib.request.Request(  # noqa: S310
+            self.base + endpoint + "/",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=self.context) as response:  # noqa: S310
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as error:
+            detail = error.read()[:500].decode(errors="replace")
+            raise PortalUnreachable(f"{endpoint}: HTTP {error.code}: {detail}") from error
+        except (TimeoutError, urllib.error.URLError, OSError, ValueError) as error:
+            raise PortalUnreachable(f"{endpoint}: {error}") from error
+
+
+class Reporter:
+    """Buffers events and sends heartbeats and telemetry on their own schedule."""
+
+    def __init__(self, config: AgentConfig, client: PortalClient | None = None) -> None:
+        self.config = config
+        self.client = client or PortalClient(config)
+        self._events: deque[dict[str, Any]] = deque(maxlen=EVENT_BUFFER)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.heartbeat: Callable[[], dict[str, Any]] = dict
+        self.telemetry: Callable[[], list[dict[str, Any]]] = list
+        self._portal_down_since: float | None = None
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Record one event (any thread); it is sent as soon as the reporter thread gets to it."""
+        record = {
+            "kind": kind,
+            "at": datetime.now(UTC).isoformat(),
+            **{k: v for k, v in fields.items() if v is not None},
+        }
+        log.info("event %s", record)
+        with self._lock:
+            self._events.append(record)
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="agent-reporter", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        next_heartbeat = next_telemetry = time.monotonic()
+        while not self._stop.is_set():
+            self._wake.clear()
+            now = time.monotonic()
+            self._send_events()
+            if now >= next_telemetry:
+                next_telemetry = now + self.config.telemetry_seconds
+                self._send("telemetry", lambda: {"sent_at": _now(), "gpus": self.telemetry()})
+            if now >= next_heartbeat:
+                next_heartbeat = now + self.config.heartbeat_seconds
+                self._send("heartbeat", lambda: {"sent_at": _now(), **self.heartbeat()})
+            self._wake.wait(max(0.05, min(next_heartbeat, next_telemetry) - time.monotonic()))
+
+    def _send_events(self) -> None:
+        while True:
+            with self._lock:
+                batch = [self._events.popleft() for _ in range(min(EVENTS_PER_POST, len(self._events)))]
+            if not batch:
+                return
+            if not self._send("events", {"events": batch}):
+                with self._lock:  # back to the front, in order; the oldest drop first if the buffer is full
+                    self._events.extendleft(reversed(batch))
+                return
+
+    def _send(self, endpoint: str, body: dict[str, Any] | Callable[[], dict[str, Any]]) -> bool:
+        """POST one report (``body`` may be a callable, to build it only when it is due)."""
+        try:
+            self.client.post(endpoint, body() if callable(body) else body)
+        except PortalUnreachable as error:
+            if self._portal_down_since is None:
+                self._portal_down_since = time.monotonic()
+                log.warning("cannot report to the portal (will keep trying): %s", error)
+            return False
+        except Exception:
+            log.exception("building the %s report failed", endpoint)
+            return False
+        if self._portal_down_since is not None:
+            log.warning("portal reachable again after %.0f s", time.monotonic() - self._portal_down_since)
+            self._portal_down_since = None
+        return True
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()

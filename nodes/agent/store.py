@@ -1,0 +1,53 @@
+"""The newest accepted snapshot, kept on disk so a restarted agent enforces it at once.
+
+Written atomically (temporary file, fsync, rename, fsync of the directory): after a crash
+the file holds either the old snapshot or the new one, never half of each. The stored copy
+is verified again when it is read back, so a file edited on disk is not trusted either.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class SnapshotStore:
+    FILENAME = "snapshot.json"
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.directory = Path(state_dir)
+        self.path = self.directory / self.FILENAME
+
+    def load(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as error:
+            log.error("ignoring unreadable stored snapshot %s: %s", self.path, error)
+            return None
+        return data if isinstance(data, dict) else None
+
+    def save(self, snapshot: dict[str, Any]) -> None:
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=".snapshot-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as file:
+                json.dump(snapshot, file, sort_keys=True)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, self.path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        directory_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(directory_fd)
+        finally:
+            os.close(directory_fd)

@@ -1,0 +1,44 @@
+"""Write a config file for a simulated agent per demo node (used by scripts/run).
+
+Each run issues fresh credentials, so the files always match the database. The stand-in
+device files live under the same directory: the agent gives them real ACLs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+
+from nodes.models import Node
+from nodes.services import node_rotate_credentials
+
+
+class Command(BaseCommand):
+    help = "Write simulated agent configs for every node into DIR (default var/agents)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--dir", default=str(settings.VAR_DIR / "agents"))
+        parser.add_argument("--portal-url", default="http://127.0.0.1:8000")
+        parser.add_argument("--grace-seconds", type=int, default=30)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        directory = Path(options["dir"]).resolve()
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for node in Node.objects.exclude(status=Node.Status.DISABLED).order_by("name"):
+            credentials = node_rotate_credentials(node=node)
+            home = directory / node.name
+            config = credentials.as_config().replace(
+                f"PORTAL_URL={settings.PORTAL_URL}", f"PORTAL_URL={options['portal_url']}"
+            )
+            path = directory / f"{node.name}.conf"
+            path.touch(mode=0o600)
+            path.write_text(
+                config
+                + f"BACKEND=simulated\nSIMULATED_GPUS={node.gpus.count()}\n"
+                + f"STATE_DIR={home / 'state'}\nDEVICE_DIR={home / 'dev'}\n"
+                + f"GRACE_SECONDS={options['grace_seconds']}\n"
+            )
+            self.stdout.write(f"  agent config for {node.name}: {path}")

@@ -1,0 +1,80 @@
+"""Sending nodes their lease snapshots over Celery: after commit, coalesced, expiring.
+
+A change to a node's bookings schedules one push of its *whole* state once the transaction
+commits. Bursts coalesce: the first change sets a short-lived "push pending" mark in Redis
+and queues the push a moment later; the changes that follow while the mark is set ride on
+that same push, because the task clears the mark *before* it reads the database. Beat
+re-pushes every node each minute, so a push lost to a Redis outage is repaired soon after.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from nodes.agent.worker import APPLY_SNAPSHOT_TASK
+from nodes.leases import node_snapshot
+from nodes.models import Node
+
+log = logging.getLogger(__name__)
+
+PENDING_KEY = "gpubook:lease-push-pending:{node_id}"
+
+
+@cache
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+def push_after_commit(node_id: int) -> None:
+    """Push ``node_id``'s leases once the current transaction commits (now, outside one)."""
+    transaction.on_commit(lambda: request_push(node_id))
+
+
+def request_push(node_id: int) -> None:
+    """Queue a coalesced push. A broker outage is logged, not raised: the booking has committed,
+    and beat's next full push delivers the state."""
+    from nodes.tasks import push_node_leases
+
+    delay = settings.LEASE_PUSH_COALESCE_SECONDS
+    try:
+        key = PENDING_KEY.format(node_id=node_id)
+        # The mark outlives the queued task by a margin, so a lost task cannot block pushes for long.
+        if _redis().set(key, "1", nx=True, ex=max(int(delay * 10), 10)):
+            push_node_leases.apply_async((node_id,), countdown=delay, expires=settings.LEASE_PUSH_EXPIRES_SECONDS)
+    except Exception:
+        log.warning("could not queue the lease push for node %s; beat will send it", node_id, exc_info=True)
+
+
+def clear_pending(node_id: int) -> None:
+    try:
+        _redis().delete(PENDING_KEY.format(node_id=node_id))
+    except redis.RedisError:
+        log.warning("could not clear the push mark of node %s", node_id, exc_info=True)
+
+
+def send_snapshot(node: Node) -> int:
+    """Build ``node``'s signed snapshot now and put it on its queue; the version sent."""
+    from portal.celery import app
+
+    snapshot = node_snapshot(node=node, now=timezone.now())
+    queue = f"node.{node.name}"
+    app.send_task(
+        APPLY_SNAPSHOT_TASK,
+        args=[snapshot],
+        queue=queue,
+        routing_key=queue,
+        expires=settings.LEASE_PUSH_EXPIRES_SECONDS,
+        serializer="json",
+    )
+    return snapshot["version"]
+
+
+def pushed_nodes() -> list[Node]:
+    """Nodes that have an agent: registered credentials and not disabled."""
+    return list(Node.objects.exclude(agent_token_hash="").exclude(status=Node.Status.DISABLED).order_by("name"))

@@ -1,0 +1,128 @@
+"""What node agents report: heartbeats, events and telemetry, stored as the latest state.
+
+A node reports only for itself: the view authenticates the node by its token, and every GPU
+named in a report is looked up among *that* node's GPUs; anything else is ignored and named
+back to the agent, never written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import audit_record
+from nodes.models import AgentState, Gpu, GpuTelemetry, Node, NodeEvent
+
+TELEMETRY_FIELDS = (
+    "utilization_pct",
+    "memory_used_mib",
+    "memory_total_mib",
+    "temperature_c",
+    "slowdown_temperature_c",
+    "power_w",
+    "ecc_errors_uncorrected",
+    "processes",
+)
+EVENT_DETAIL_FIELDS = ("pid", "pids", "process", "version", "leases", "boundary", "drained")
+
+
+def node_online(state: AgentState | None, now: datetime) -> bool:
+    return state is not None and now - state.last_seen < timedelta(seconds=settings.AGENT_OFFLINE_AFTER_SECONDS)
+
+
+def _gpus_by_uuid(node: Node) -> dict[str, Gpu]:
+    return {gpu.uuid: gpu for gpu in Gpu.objects.filter(node=node)}
+
+
+def agent_heartbeat_record(*, node: Node, data: dict[str, Any], now: datetime) -> tuple[AgentState, list[str]]:
+    """Store the heartbeat; returns the state and the GPU UUIDs that are not this node's."""
+    known = _gpus_by_uuid(node)
+    acls = {uuid: sorted(users) for uuid, users in data.get("acls", {}).items() if uuid in known}
+    ignored = sorted(set(data.get("acls", {})) - set(known))
+    state, _ = AgentState.objects.update_or_create(
+        node=node,
+        defaults={
+            "last_seen": now,
+            "agent_version": data["agent_version"],
+            "backend": data["backend"],
+            "driver_version": data.get("driver_version") or "",
+            "reported_hostname": data.get("hostname") or "",
+            "applied_version": data["applied_version"],
+            "acls": acls,
+            "drained": [uuid for uuid in data.get("drained", []) if uuid in known],
+            "clock_skew_seconds": (data["sent_at"] - now).total_seconds(),
+        },
+    )
+    return state, ignored
+
+
+def agent_events_record(*, node: Node, events: Iterable[dict[str, Any]]) -> tuple[int, list[str]]:
+    """Store the events; an unkillable leftover drains its GPU. Returns (stored, ignored UUIDs)."""
+    known = _gpus_by_uuid(node)
+    rows, ignored, to_drain = [], set(), []
+    for event in events:
+        uuid = event.get("gpu") or ""
+        gpu = known.get(uuid)
+        if uuid and gpu is None:
+            ignored.add(uuid)
+        details = {key: event[key] for key in EVENT_DETAIL_FIELDS if key in event}
+        rows.append(
+            NodeEvent(
+                node=node,
+                gpu=gpu,
+                kind=event["kind"],
+                at=event["at"],
+                user=event.get("user") or "",
+                reservation_id=event.get("reservation"),
+                message=event.get("message", ""),
+                details=details,
+            )
+        )
+        if event["kind"] == NodeEvent.Kind.UNKILLABLE and gpu is not None:
+            pids = ", ".join(map(str, details.get("pids", [])))
+            to_drain.append((gpu, f"processes of {event.get('user') or 'unknown'} could not be ended (pids {pids})"))
+    with transaction.atomic():
+        NodeEvent.objects.bulk_create(rows)
+        for gpu, reason in to_drain:
+            gpu_drain(gpu=gpu, reason=reason)
+    return len(rows), sorted(ignored)
+
+
+def telemetry_record(*, node: Node, samples: Iterable[dict[str, Any]], now: datetime) -> tuple[int, list[str]]:
+    """Upsert the latest reading of each of the node's GPUs in one statement."""
+    known = _gpus_by_uuid(node)
+    rows, ignored = [], []
+    for sample in samples:
+        gpu = known.get(sample["uuid"])
+        if gpu is None:
+            ignored.append(sample["uuid"])
+            continue
+        rows.append(GpuTelemetry(gpu=gpu, at=now, **{field: sample.get(field) for field in TELEMETRY_FIELDS}))
+    with transaction.atomic():
+        GpuTelemetry.objects.bulk_create(
+            rows, update_conflicts=True, unique_fields=["gpu"], update_fields=["at", *TELEMETRY_FIELDS]
+        )
+        AgentState.objects.filter(node=node).update(last_seen=now)
+    return len(rows), sorted(ignored)
+
+
+def gpu_drain(*, gpu: Gpu, reason: str, actor: Any | None = None) -> None:
+    """Take a GPU out of booking until an admin returns it (already drained: kept as it was)."""
+    updated = Gpu.objects.filter(pk=gpu.pk, drained_at__isnull=True).update(
+        drained_at=timezone.now(), drain_reason=reason[:500]
+    )
+    if updated:
+        audit_record(actor=actor, action="gpu.drain", target=gpu, after={"reason": reason[:500]})
+
+
+def gpu_return_to_service(*, gpu: Gpu, actor: Any) -> bool:
+    before = {"drained_at": gpu.drained_at.isoformat() if gpu.drained_at else None, "reason": gpu.drain_reason}
+    updated = Gpu.objects.filter(pk=gpu.pk, drained_at__isnull=False).update(drained_at=None, drain_reason="")
+    if updated:
+        audit_record(actor=actor, action="gpu.undrain", target=gpu, before=before)
+    return bool(updated)

@@ -1,0 +1,28 @@
+"""Celery tasks of the portal for nodes: pushing lease snapshots to the agents."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from nodes.models import Node
+from nodes.pushes import clear_pending, pushed_nodes, send_snapshot
+
+
+@shared_task(name="nodes.push_node_leases", ignore_result=True)
+def push_node_leases(node_id: int) -> int | None:
+    """Send one node its state. The pending mark goes first, so a change committed from now on
+    schedules another push instead of being missed."""
+    clear_pending(node_id)
+    node = Node.objects.filter(pk=node_id).first()
+    if node is None or not node.agent_token_hash:
+        return None
+    return send_snapshot(node)
+
+
+@shared_task(name="nodes.push_all_leases", ignore_result=True)
+def push_all_leases() -> int:
+    """Beat, every minute: every node with an agent gets its whole state again."""
+    nodes = pushed_nodes()
+    for node in nodes:
+        send_snapshot(node)
+    return len(nodes)

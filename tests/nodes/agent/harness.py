@@ -1,0 +1,239 @@
+"""Running the real agent in tests: its own process, a real Celery worker on a real Redis broker.
+
+``AgentRun`` writes a config, starts ``python -m nodes.agent.main`` and sends it signed snapshots
+over Celery exactly as the portal does. ``RecordingPortal`` is a small HTTP server that stands in
+for the portal's agent endpoints and keeps what the agent reported, so tests can read events.
+"""
+
+# Tests run fixed argument lists (never a shell).
+# ruff: noqa: S603, S607
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from nodes.agent.gpus.simulated import simulated_uuid
+from nodes.agent.signing import signed
+from nodes.agent.worker import APPLY_SNAPSHOT_TASK
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def acl_users(path: str) -> set[str]:
+    """Named users in the file's ACL, read with the real getfacl (independent of the agent's code)."""
+    out = subprocess.run(
+        ["getfacl", "--omit-header", "--absolute-names", "--", path], capture_output=True, text=True, check=True
+    ).stdout
+    return {line.split(":")[1] for line in out.splitlines() if line.startswith("user:") and line.split(":")[1]}
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, interval: float = 0.01) -> float | None:
+    """Poll until ``condition()`` is true; the monotonic time it first was, or None on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return time.monotonic()
+        time.sleep(interval)
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RecordingPortal:
+    """Answers the agent's POSTs with 200 and keeps their bodies, per endpoint."""
+
+    def __init__(self) -> None:
+        self.received: dict[str, list[dict[str, Any]]] = {"heartbeat": [], "events": [], "telemetry": []}
+        received = self.received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                endpoint = self.path.rstrip("/").rsplit("/", 1)[-1]
+                received.setdefault(endpoint, []).append(body)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        found = [event for body in list(self.received["events"]) for event in body["events"]]
+        return [event for event in found if kind is None or event["kind"] == kind]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class PrivateRedis:
+    """A Redis server of the test's own, so the test may stop the broker without touching anyone else's."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        if wait_for(self._answers, timeout=10) is None:
+            self.stop()
+            raise RuntimeError("the private redis-server did not start")
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=10)
+
+
+class AgentRun:
+    """One simulated node and its agent process."""
+
+    def __init__(
+        self, *, broker_url: str, portal_url: str, gpus: int = 2, grace_seconds: float = 1.0, **settings: Any
+    ) -> None:
+        self.node_name = f"test-{secrets.token_hex(4)}"
+        self.queue = f"node.{self.node_name}"
+        self.secret = secrets.token_hex(32)
+        self.broker_url = broker_url
+        self.home = Path(tempfile.mkdtemp(prefix="gpbt-agent-", dir="/tmp"))
+        self.home.chmod(0o755)  # the test users must reach the stand-in device files
+        self.device_dir = self.home / "dev"
+        self.state_dir = self.home / "state"
+        self.config_path = self.home / "agent.conf"
+        lines = {
+            "NODE_NAME": self.node_name,
+            "BROKER_URL": broker_url,
+            "PORTAL_URL": portal_url,
+            "AGENT_TOKEN": "gpn_test",
+            "LEASE_SECRET": self.secret,
+            "STATE_DIR": self.state_dir,
+            "DEVICE_DIR": self.device_dir,
+            "BACKEND": "simulated",
+            "SIMULATED_GPUS": gpus,
+            "GRACE_SECONDS": grace_seconds,
+            "RECONCILE_SECONDS": 1,
+            "HEARTBEAT_SECONDS": 1,
+            "TELEMETRY_SECONDS": 1,
+            **{key.upper(): value for key, value in settings.items()},
+        }
+        self.config_path.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))
+        self.version = 0
+        self.process: subprocess.Popen[str] | None = None
+        self.log: list[str] = []
+
+    # -- the node's GPUs ----------------------------------------------------------------------
+
+    def uuid(self, index: int) -> str:
+        return simulated_uuid(self.node_name, index)
+
+    def device(self, index: int) -> str:
+        return str(self.device_dir / f"nvidia{index}")
+
+    # -- the agent process ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.log = []
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "nodes.agent.main", "--config", str(self.config_path)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONUNBUFFERED": "1"},
+        )
+        threading.Thread(target=self._read_log, args=(self.process,), daemon=True).start()
+        if wait_for(lambda: any("ready." in line for line in self.log), timeout=20) is None:
+            raise AssertionError("the agent did not start:\n" + "\n".join(self.log[-40:]))
+
+    def _read_log(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.log.append(line.rstrip())
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to tidy up, as in a crash."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def cleanup(self) -> None:
+        self.kill()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    # -- what the portal does --------------------------------------------------------------------
+
+    def snapshot(self, leases: list[dict[str, Any]], *, version: int | None = None, secret: str | None = None) -> dict:
+        if version is None:
+            self.version += 1
+            version = self.version
+        body = {
+            "node": self.node_name,
+            "version": version,
+            "issued_at": now().isoformat(),
+            "horizon_end": (now() + timedelta(hours=24)).isoformat(),
+            "leases": leases,
+        }
+        return signed(body, secret or self.secret)
+
+    def send(self, snapshot: Any, *, broker_url: str | None = None) -> None:
+        app = Celery("portal-in-test", broker=broker_url or self.broker_url, set_as_current=False)
+        try:
+            app.send_task(APPLY_SNAPSHOT_TASK, args=[snapshot], queue=self.queue, routing_key=self.queue, expires=120)
+        finally:
+            app.close()
+
+    def stored_snapshot(self) -> dict | None:
+        path = self.state_dir / "snapshot.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+
+def lease(reservation: int, user: str, gpus: list[str], start: datetime, end: datetime) -> dict[str, Any]:
+    return {"reservation": reservation, "user": user, "gpus": gpus, "start": start.isoformat(), "end": end.isoformat()}

@@ -1,0 +1,205 @@
+"""The agent as it runs on a node: its own process, a real Celery worker on real Redis, real ACLs
+on stand-in device files, real processes of real (throwaway) users. Only the GPU is simulated.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+
+from tests.nodes.agent.harness import AgentRun, PrivateRedis, RecordingPortal, acl_users, lease, now, wait_for
+
+pytestmark = pytest.mark.usefixtures("unix_users")
+
+
+@pytest.fixture
+def portal() -> Iterator[RecordingPortal]:
+    recorder = RecordingPortal()
+    yield recorder
+    recorder.stop()
+
+
+@pytest.fixture
+def make_agent(portal):
+    runs: list[AgentRun] = []
+
+    def make(**options) -> AgentRun:
+        options.setdefault("broker_url", settings.CELERY_BROKER_URL)
+        options.setdefault("portal_url", portal.url)
+        run = AgentRun(**options)
+        runs.append(run)
+        run.start()
+        return run
+
+    yield make
+    for run in runs:
+        run.cleanup()
+
+
+def test_access_opens_at_the_slot_start_and_closes_at_its_end(make_agent, unix_users, try_open):
+    agent = make_agent()
+    alice = unix_users[0]
+    start = now() + timedelta(seconds=2)
+    end = start + timedelta(seconds=2)
+    agent.send(agent.snapshot([lease(1, alice.name, [agent.uuid(0)], start, end)]))
+
+    assert wait_for(lambda: agent.stored_snapshot() is not None, timeout=5)
+    assert acl_users(agent.device(0)) == set()  # nothing before the start
+    granted = wait_for(lambda: alice.name in acl_users(agent.device(0)), timeout=10)
+    granted_at = now()
+    assert granted is not None
+    assert timedelta(0) <= granted_at - start < timedelta(seconds=2)
+    assert try_open(agent.device(0), alice) == "opened"
+    assert try_open(agent.device(1), alice) == "denied"  # only the booked GPU
+
+    assert wait_for(lambda: alice.name not in acl_users(agent.device(0)), timeout=10)
+    assert timedelta(0) <= now() - end < timedelta(seconds=2)
+    assert try_open(agent.device(0), alice) == "denied"
+
+
+def test_the_end_is_enforced_with_the_broker_and_the_portal_both_gone(make_agent, portal, unix_users):
+    broker = PrivateRedis()
+    try:
+        agent = make_agent(broker_url=broker.url)
+        alice = unix_users[0]
+        start, end = now() + timedelta(seconds=1), now() + timedelta(seconds=5)
+        agent.send(agent.snapshot([lease(1, alice.name, [agent.uuid(0)], start, end)]))
+        assert wait_for(lambda: alice.name in acl_users(agent.device(0)), timeout=10)
+    finally:
+        broker.stop()
+    portal.stop()
+
+    assert wait_for(lambda: alice.name not in acl_users(agent.device(0)), timeout=10)
+    assert timedelta(0) <= now() - end < timedelta(seconds=2)
+    assert agent.process.poll() is None  # still running, still enforcing
+
+
+def test_a_restarted_agent_restores_its_leases_and_removes_everything_else(make_agent, unix_users, portal):
+    agent = make_agent()
+    alice, bob, mallory = unix_users
+    slot_end = now() + timedelta(minutes=5)
+    short_end = now() + timedelta(seconds=3)
+    agent.send(
+        agent.snapshot(
+            [
+                lease(1, alice.name, [agent.uuid(0)], now(), slot_end),
+                lease(2, bob.name, [agent.uuid(1)], now(), short_end),
+            ]
+        )
+    )
+    assert wait_for(lambda: bob.name in acl_users(agent.device(1)), timeout=10)
+
+    agent.kill()
+    # While the agent is down: someone hands mallory a GPU by hand, and bob's slot ends.
+    subprocess.run(["setfacl", "-m", f"u:{mallory.name}:rw", "--", agent.device(0)], check=True)  # noqa: S603, S607
+    time.sleep(max(0.0, (short_end - now()).total_seconds()) + 0.2)
+    agent.start()
+
+    assert acl_users(agent.device(0)) == {alice.name}, "\n".join(agent.log)  # restored before listening to anyone
+    assert acl_users(agent.device(1)) == set()
+
+
+@pytest.mark.parametrize("forgery", ["unsigned", "wrong secret", "older", "other node", "not a dict"])
+def test_a_forged_or_stale_snapshot_is_refused_and_changes_nothing(make_agent, unix_users, portal, forgery):
+    agent = make_agent()
+    alice, _, mallory = unix_users
+    agent.send(agent.snapshot([lease(1, alice.name, [agent.uuid(0)], now(), now() + timedelta(hours=1))]))
+    agent.send(agent.snapshot([lease(1, alice.name, [agent.uuid(0)], now(), now() + timedelta(hours=1))]))
+    assert wait_for(lambda: (agent.stored_snapshot() or {}).get("version") == 2, timeout=10)
+    stored = agent.stored_snapshot()
+
+    evil = [lease(9, mallory.name, [agent.uuid(0), agent.uuid(1)], now(), now() + timedelta(hours=9))]
+    forged = {
+        "unsigned": {**agent.snapshot(evil, version=99), "signature": ""},
+        "wrong secret": agent.snapshot(evil, version=99, secret="0" * 64),
+        "older": agent.snapshot(evil, version=1),
+        "other node": {**agent.snapshot(evil, version=99), "node": "elsewhere"},
+        "not a dict": ["leases", evil],
+    }[forgery]
+    agent.send(forged)
+
+    assert wait_for(lambda: portal.events("snapshot_refused"), timeout=10)
+    assert agent.stored_snapshot() == stored
+    assert acl_users(agent.device(0)) == {alice.name}
+    assert acl_users(agent.device(1)) == set()
+
+
+def test_after_the_grace_period_the_holders_processes_end_and_nobody_elses(make_agent, unix_users, portal, spawn):
+    agent = make_agent(grace_seconds=1)
+    alice, bob, _ = unix_users
+    end = now() + timedelta(seconds=2)
+    agent.send(
+        agent.snapshot(
+            [
+                lease(1, alice.name, [agent.uuid(0)], now(), end),
+                lease(2, bob.name, [agent.uuid(1)], now(), now() + timedelta(hours=1)),
+            ]
+        )
+    )
+    assert wait_for(lambda: alice.name in acl_users(agent.device(0)), timeout=10)
+    assert wait_for(lambda: bob.name in acl_users(agent.device(1)), timeout=10)
+    polite = spawn(agent.device(0), user=alice)
+    stubborn = spawn(agent.device(0), user=alice, ignore_term=True)
+    bobs = spawn(agent.device(1), user=bob)
+    roots = spawn(agent.device(0), user=None)
+
+    assert wait_for(lambda: polite.poll() is not None and stubborn.poll() is not None, timeout=15)
+    ended_at = now()
+    assert ended_at - end >= timedelta(seconds=1)  # not before the grace period is over
+    assert polite.returncode == -15  # SIGTERM was enough
+    assert stubborn.returncode == -9  # it ignored SIGTERM, so SIGKILL
+    assert bobs.poll() is None and roots.poll() is None
+    assert wait_for(lambda: portal.events("ended"), timeout=5)
+    assert portal.events("leftover")[0]["user"] == alice.name
+    assert sorted(portal.events("ended")[0]["pids"]) == sorted([polite.pid, stubborn.pid])
+
+
+def test_use_without_a_booking_is_reported_and_left_alone_by_default(make_agent, unix_users, portal, spawn):
+    agent = make_agent()
+    _, _, mallory = unix_users
+    subprocess.run(["chmod", "0666", agent.device(1)], check=True)  # noqa: S603, S607 - a node left open
+    intruder = spawn(agent.device(1), user=mallory)
+
+    assert wait_for(lambda: portal.events("violation"), timeout=10)
+    (violation,) = portal.events("violation")
+    assert (violation["user"], violation["pid"], violation["gpu"]) == (mallory.name, intruder.pid, agent.uuid(1))
+    time.sleep(1.5)  # a reconcile or two later: reported once, not ended
+    assert intruder.poll() is None and len(portal.events("violation")) == 1
+
+
+def test_use_without_a_booking_is_ended_when_the_policy_says_so(make_agent, unix_users, portal, spawn):
+    agent = make_agent(end_violations="true")
+    _, _, mallory = unix_users
+    subprocess.run(["chmod", "0666", agent.device(1)], check=True)  # noqa: S603, S607
+    intruder = spawn(agent.device(1), user=mallory)
+
+    assert wait_for(lambda: intruder.poll() is not None, timeout=15)
+    assert wait_for(lambda: portal.events("violation") and portal.events("ended"), timeout=5)
+
+
+def test_the_agent_reports_heartbeat_and_telemetry_with_process_owners(make_agent, unix_users, portal, spawn):
+    agent = make_agent()
+    alice = unix_users[0]
+    agent.send(agent.snapshot([lease(1, alice.name, [agent.uuid(0)], now(), now() + timedelta(hours=1))]))
+    assert wait_for(lambda: alice.name in acl_users(agent.device(0)), timeout=10)
+    job = spawn(agent.device(0), user=alice)
+
+    def busy_sample():
+        for body in portal.received["telemetry"]:
+            for gpu in body["gpus"]:
+                if gpu["uuid"] == agent.uuid(0) and gpu["processes"]:
+                    return gpu
+        return None
+
+    assert wait_for(busy_sample, timeout=10)
+    sample = busy_sample()
+    assert sample["processes"] == [{"pid": job.pid, "user": alice.name, "used_memory_mib": 1024}]
+    assert sample["utilization_pct"] > 0
+    assert wait_for(lambda: any(b["acls"].get(agent.uuid(0)) == [alice.name] for b in portal.received["heartbeat"]), 5)
+    heartbeat = portal.received["heartbeat"][-1]
+    assert heartbeat["applied_version"] == 1 and heartbeat["backend"] == "simulated"
