@@ -129,11 +129,20 @@ class AgentRun:
     """One simulated node and its agent process."""
 
     def __init__(
-        self, *, broker_url: str, portal_url: str, gpus: int = 2, grace_seconds: float = 1.0, **settings: Any
+        self,
+        *,
+        broker_url: str,
+        portal_url: str,
+        gpus: int = 2,
+        grace_seconds: float = 1.0,
+        node_name: str | None = None,
+        secret: str | None = None,
+        token: str = "gpn_test",  # noqa: S107 - the recording portal checks no token
+        **settings: Any,
     ) -> None:
-        self.node_name = f"test-{secrets.token_hex(4)}"
+        self.node_name = node_name or f"test-{secrets.token_hex(4)}"
         self.queue = f"node.{self.node_name}"
-        self.secret = secrets.token_hex(32)
+        self.secret = secret or secrets.token_hex(32)
         self.broker_url = broker_url
         self.home = Path(tempfile.mkdtemp(prefix="gpbt-agent-", dir="/tmp"))
         self.home.chmod(0o755)  # the test users must reach the stand-in device files
@@ -144,7 +153,7 @@ class AgentRun:
             "NODE_NAME": self.node_name,
             "BROKER_URL": broker_url,
             "PORTAL_URL": portal_url,
-            "AGENT_TOKEN": "gpn_test",
+            "AGENT_TOKEN": token,
             "LEASE_SECRET": self.secret,
             "STATE_DIR": self.state_dir,
             "DEVICE_DIR": self.device_dir,
