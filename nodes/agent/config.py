@@ -7,6 +7,7 @@ as a systemd ``EnvironmentFile``.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -17,6 +18,10 @@ DEFAULT_CONFIG_FILE = "/etc/gpubook/agent.conf"
 ENV_PREFIX = "GPUBOOK_"
 NODE_NAME_RE = re.compile(r"\A[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 DEFAULT_PROTECTED = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "nvidia-smi")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Far beyond any sensible period, yet well inside what timedelta and threading timeouts accept: a larger
+# value would raise OverflowError inside the enforcer's or the reporter's thread and stop it.
+MAX_SECONDS = 366 * 24 * 3600.0
 
 
 class ConfigError(ValueError):
@@ -91,8 +96,9 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
     """The file (when given, or the default file when it exists), then the environment on top."""
     environ = os.environ if environ is None else environ
     values: dict[str, str] = {}
-    file = path or environ.get(ENV_PREFIX + "AGENT_CONFIG") or DEFAULT_CONFIG_FILE
-    if path or Path(file).exists():
+    named = path or environ.get(ENV_PREFIX + "AGENT_CONFIG")
+    file = named or DEFAULT_CONFIG_FILE
+    if named or Path(file).exists():  # a file named on purpose must exist; the default one may not
         values.update(read_config_file(file))
     for key, value in environ.items():
         if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :] in _KNOWN:
@@ -128,7 +134,7 @@ def config_from_values(values: Mapping[str, str]) -> AgentConfig:
         if values.get(key):
             kwargs[attr] = _positive_float(key, values[key])
     if values.get("SIMULATED_GPUS"):
-        kwargs["simulated_gpus"] = int(_positive_float("SIMULATED_GPUS", values["SIMULATED_GPUS"]))
+        kwargs["simulated_gpus"] = _positive_int("SIMULATED_GPUS", values["SIMULATED_GPUS"])
     if values.get("END_VIOLATIONS"):
         kwargs["end_violations"] = _boolean("END_VIOLATIONS", values["END_VIOLATIONS"])
     if "PROTECTED_PROCESSES" in values:
@@ -136,6 +142,8 @@ def config_from_values(values: Mapping[str, str]) -> AgentConfig:
         kwargs["protected_processes"] = frozenset(names)
     if kwargs.get("backend", "nvml") not in ("nvml", "simulated"):
         raise ConfigError(f"BACKEND must be nvml or simulated, not {kwargs['backend']!r}")
+    if str(kwargs.get("log_level", AgentConfig.log_level)).upper() not in LOG_LEVELS:
+        raise ConfigError(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {kwargs['log_level']!r}")
     if kwargs.get("backend") == "simulated" and "device_dir" not in kwargs:
         # Stand-in device files are plain files: never create them in the real /dev.
         kwargs["device_dir"] = str(Path(str(kwargs.get("state_dir", AgentConfig.state_dir))) / "dev")
@@ -149,6 +157,18 @@ def _positive_float(key: str, raw: str) -> float:
         raise ConfigError(f"{key} must be a number, not {raw!r}") from None
     if not value > 0:
         raise ConfigError(f"{key} must be greater than 0, not {raw!r}")
+    if not math.isfinite(value) or value > MAX_SECONDS:
+        raise ConfigError(f"{key} must be at most {MAX_SECONDS:.0f} (a year), not {raw!r}")
+    return value
+
+
+def _positive_int(key: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{key} must be a whole number, not {raw!r}") from None
+    if value < 1:
+        raise ConfigError(f"{key} must be at least 1, not {raw!r}")
     return value
 
 

@@ -11,8 +11,8 @@ exactly what the stored snapshot's leases say for *now*. Two things drive that:
 Nothing here waits on the portal or the broker: once a snapshot is stored, every end in it
 is enforced even if both are gone. The agent never extends a lease by itself.
 
-Ending processes blocks for seconds (SIGTERM, wait, SIGKILL), so it runs on its own thread;
-the boundary timer is never held up by a process that is slow to die.
+Looking for processes (a /proc scan) and ending them (SIGTERM, wait, SIGKILL: seconds) run on
+a second thread, the checker, so the boundary timer is never held up by either.
 """
 
 from __future__ import annotations
@@ -42,10 +42,14 @@ def utcnow() -> datetime:
 
 
 @dataclass(frozen=True)
-class CleanupJob:
-    gpu: str
-    user: str
-    pids: tuple[int, ...]
+class Job:
+    """Work for the checker thread: look for misuse ("check"), end what an expired holder left
+    on a GPU ("expired"), or end a violation ("violation")."""
+
+    kind: str
+    gpu: str = ""
+    user: str = ""
+    pids: tuple[int, ...] = ()
 
 
 class Enforcer:
@@ -74,7 +78,9 @@ class Enforcer:
         self._snapshot: Snapshot | None = None
         self._granted: dict[str, set[str]] = {uuid: set() for uuid in self.paths}
         self._cleanups: dict[tuple[str, str], datetime] = {}  # (gpu, user) -> when to end what is left
-        self._cleanup_queue: queue.Queue[CleanupJob | None] = queue.Queue()
+        self._cleaning: set[tuple[str, str]] = set()  # handed to the checker, not finished yet
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._check_pending = threading.Event()
         self._violations_seen: set[tuple[str, int]] = set()
         self._failures_seen: set[tuple[str, str, int]] = set()
         self._unknown_gpus_seen: set[str] = set()
@@ -163,14 +169,16 @@ class Enforcer:
                 self._grant(uuid, user, now)
 
     def reconcile(self, now: datetime) -> None:
-        """Read the real ACLs back, converge, then check who is actually using each GPU."""
+        """Read the real ACLs back and converge; then have the checker look at who uses each GPU."""
         for uuid, path in self.paths.items():
             try:
                 self._granted[uuid] = acl.granted_users(path)
             except acl.AclError as error:
                 self._report_once("acl_error", uuid, "", f"cannot read the ACL of {path}: {error}")
         self.converge(now)
-        self._check_holders(now)
+        if not self._check_pending.is_set():  # one check waiting is enough
+            self._check_pending.set()
+            self._jobs.put(Job("check"))
 
     def startup(self) -> None:
         """Restore the stored snapshot and remove every grant it does not back, before anything else."""
@@ -231,20 +239,22 @@ class Enforcer:
             holder, allow_names=self.config.protected_processes, own_pid=os.getpid(), uid_min=self._uid_min
         )
 
-    def _check_holders(self, now: datetime) -> None:
+    def check_holders(self, now: datetime) -> None:
+        """Report (and, by policy, end) processes on a GPU whose user holds no lease on it."""
         wanted = self.desired(now)
         live: set[tuple[str, int]] = set()
         for uuid, holders in self.holders().items():
             for holder in holders:
                 live.add((uuid, holder.pid))
-                if holder.user in wanted[uuid] or (uuid, holder.user or "") in self._cleanups:
-                    continue
+                key = (uuid, holder.user or "")
+                if holder.user in wanted[uuid] or key in self._cleanups or key in self._cleaning:
+                    continue  # allowed, or a leftover within its grace period
                 if (uuid, holder.pid) in self._violations_seen:
                     continue
                 self._violations_seen.add((uuid, holder.pid))
                 self.report("violation", gpu=uuid, user=holder.user, pid=holder.pid, process=holder.name)
                 if self.config.end_violations:
-                    self._cleanup_queue.put(CleanupJob(gpu=uuid, user=holder.user or "", pids=(holder.pid,)))
+                    self._end(uuid, holder.user or "", (holder.pid,))
         self._violations_seen &= live
         for uuid in list(self.drained):
             if not any(key[0] == uuid for key in live):
@@ -252,29 +262,32 @@ class Enforcer:
                 self.report("drain_cleared", gpu=uuid)
 
     def run_due_cleanups(self, now: datetime) -> None:
-        """After the grace period, hand what the expired holder still runs on that GPU to the cleaner."""
-        due = [key for key, deadline in self._cleanups.items() if deadline <= now]
-        if not due:
-            return
-        wanted = self.desired(now)
-        holders = self.holders()
-        for uuid, user in due:
-            del self._cleanups[(uuid, user)]
-            if user in wanted[uuid]:
-                continue  # booked again meanwhile
-            pids = tuple(holder.pid for holder in holders[uuid] if holder.user == user)
+        """Grace periods that are over go to the checker, which ends what the holder left running."""
+        for key in [key for key, deadline in self._cleanups.items() if deadline <= now]:
+            del self._cleanups[key]
+            self._cleaning.add(key)
+            self._jobs.put(Job("expired", gpu=key[0], user=key[1]))
+
+    def end_leftovers(self, uuid: str, user: str, now: datetime) -> None:
+        """End ``user``'s processes on ``uuid`` unless a lease gives it back to them meanwhile."""
+        try:
+            if user in self.desired(now)[uuid]:
+                return
+            pids = tuple(holder.pid for holder in self.holders()[uuid] if holder.user == user)
             if pids:
                 self.report("leftover", gpu=uuid, user=user, pids=list(pids))
-                self._cleanup_queue.put(CleanupJob(gpu=uuid, user=user, pids=pids))
+                self._end(uuid, user, pids)
+        finally:
+            self._cleaning.discard((uuid, user))
 
-    def _clean(self, job: CleanupJob) -> None:
-        result = cleanup.terminate(job.pids)
+    def _end(self, uuid: str, user: str, pids: tuple[int, ...]) -> None:
+        result = cleanup.terminate(pids)
         if result.ended:
-            self.report("ended", gpu=job.gpu, user=job.user, pids=sorted(result.ended))
+            self.report("ended", gpu=uuid, user=user, pids=sorted(result.ended))
         if result.unkillable:
-            self.drained.add(job.gpu)
-            self._violations_seen.update((job.gpu, pid) for pid in result.unkillable)  # reported as unkillable
-            self.report("unkillable", gpu=job.gpu, user=job.user, pids=sorted(result.unkillable), drained=True)
+            self.drained.add(uuid)
+            self._violations_seen.update((uuid, pid) for pid in result.unkillable)  # reported as unkillable
+            self.report("unkillable", gpu=uuid, user=user, pids=sorted(result.unkillable), drained=True)
 
     def _report_once(self, kind: str, uuid: str, user: str, message: str) -> None:
         key = (uuid, user, hash((kind, message)))
@@ -289,7 +302,7 @@ class Enforcer:
         return {uuid: sorted(users) for uuid, users in self._granted.items()}
 
     def start(self) -> None:
-        for target, name in ((self._loop, "enforcer"), (self._cleaner, "cleaner")):
+        for target, name in ((self._loop, "enforcer"), (self._checker, "checker")):
             thread = threading.Thread(target=target, name=f"agent-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -297,7 +310,7 @@ class Enforcer:
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         self._wake.set()
-        self._cleanup_queue.put(None)
+        self._jobs.put(None)
         for thread in self._threads:
             thread.join(timeout)
 
@@ -322,12 +335,16 @@ class Enforcer:
                 wait = 1.0
             self._wake.wait(max(wait, self.MIN_WAIT))
 
-    def _cleaner(self) -> None:
+    def _checker(self) -> None:
         while True:
-            job = self._cleanup_queue.get()
+            job = self._jobs.get()
             if job is None:
                 return
             try:
-                self._clean(job)
+                if job.kind == "check":
+                    self._check_pending.clear()
+                    self.check_holders(self.clock())
+                elif job.kind == "expired":
+                    self.end_leftovers(job.gpu, job.user, self.clock())
             except Exception:
-                log.exception("cleanup of %s failed", job)
+                log.exception("checker job %s failed", job)

@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
     reporter = Reporter(config)
     enforcer = Enforcer(config=config, backend=backend, store=SnapshotStore(config.state_dir), report=reporter.event)
-    reporter.heartbeat = lambda: _heartbeat(config.backend, backend, enforcer)
-    reporter.telemetry = lambda: _telemetry(backend, enforcer)
+    reporter.heartbeat = lambda: heartbeat_body(config.backend, backend, enforcer)
+    reporter.telemetry = lambda: telemetry_body(backend, enforcer)
 
     enforcer.startup()
     enforcer.start()
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     return worker.exitcode or 0
 
 
-def _heartbeat(kind: str, backend: Any, enforcer: Enforcer) -> dict[str, Any]:
+def heartbeat_body(kind: str, backend: Any, enforcer: Enforcer) -> dict[str, Any]:
     return {
         "agent_version": AGENT_VERSION,
         "backend": kind,
@@ -94,7 +94,7 @@ def _heartbeat(kind: str, backend: Any, enforcer: Enforcer) -> dict[str, Any]:
     }
 
 
-def _telemetry(backend: Any, enforcer: Enforcer) -> list[dict[str, Any]]:
+def telemetry_body(backend: Any, enforcer: Enforcer) -> list[dict[str, Any]]:
     """One sample per GPU, each process with its owner's name; the pids also feed the enforcer."""
     samples = backend.sample()
     enforcer.note_gpu_processes({sample.uuid: {p.pid for p in sample.processes} for sample in samples})

@@ -116,9 +116,18 @@ class Reporter:
             if not batch:
                 return
             if not self._send("events", {"events": batch}):
-                with self._lock:  # back to the front, in order; the oldest drop first if the buffer is full
-                    self._events.extendleft(reversed(batch))
+                self._put_back(batch)
                 return
+
+    def _put_back(self, batch: list[dict[str, Any]]) -> None:
+        """Return an unsent batch to the front, in order. If events recorded meanwhile filled the buffer, the
+        oldest drop first, as with ``event``: a bare ``extendleft`` on a full deque would drop the newest."""
+        with self._lock:
+            capacity = self._events.maxlen
+            overflow = 0 if capacity is None else max(0, len(batch) + len(self._events) - capacity)
+            if overflow:
+                log.warning("event buffer full: dropping the %d oldest event(s)", overflow)
+            self._events.extendleft(reversed(batch[overflow:]))
 
     def _send(self, endpoint: str, body: dict[str, Any] | Callable[[], dict[str, Any]]) -> bool:
         """POST one report (``body`` may be a callable, to build it only when it is due)."""

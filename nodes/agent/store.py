@@ -29,10 +29,13 @@ class SnapshotStore:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, RecursionError) as error:  # RecursionError: JSON nested too deep
             log.error("ignoring unreadable stored snapshot %s: %s", self.path, error)
             return None
-        return data if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            log.error("ignoring stored snapshot %s: not a JSON object", self.path)
+            return None
+        return data
 
     def save(self, snapshot: dict[str, Any]) -> None:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
