@@ -14,5 +14,6 @@ format:
 	.venv/bin/ruff check --fix .
 	.venv/bin/ruff format .
 
-bench:  ## booking throughput on PostgreSQL
+bench:  ## booking throughput on PostgreSQL, then the agent (as root)
 	DATABASE_URL=$${BENCH_DATABASE_URL:-postgres://portal:portal@127.0.0.1:5432/portal_bench} .venv/bin/python bench/booking.py
+	.venv/bin/python bench/agent.py

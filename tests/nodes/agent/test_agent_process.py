@@ -104,7 +104,9 @@ def test_a_restarted_agent_restores_its_leases_and_removes_everything_else(make_
     assert acl_users(agent.device(1)) == set()
 
 
-@pytest.mark.parametrize("forgery", ["unsigned", "wrong secret", "older", "other node", "not a dict"])
+@pytest.mark.parametrize(
+    "forgery", ["unsigned", "wrong secret", "older", "other node", "not a dict", "hostile user", "hostile gpu"]
+)
 def test_a_forged_or_stale_snapshot_is_refused_and_changes_nothing(make_agent, unix_users, portal, forgery):
     agent = make_agent()
     alice, _, mallory = unix_users
@@ -120,6 +122,9 @@ def test_a_forged_or_stale_snapshot_is_refused_and_changes_nothing(make_agent, u
         "older": agent.snapshot(evil, version=1),
         "other node": {**agent.snapshot(evil, version=99), "node": "elsewhere"},
         "not a dict": ["leases", evil],
+        # Signed with the right secret, but with content no portal would send: still refused.
+        "hostile user": agent.snapshot([{**evil[0], "user": "root"}], version=99),
+        "hostile gpu": agent.snapshot([{**evil[0], "gpus": ["../../../dev/sda"]}], version=99),
     }[forgery]
     agent.send(forged)
 
