@@ -152,6 +152,7 @@ class NodeEvent(models.Model):
         GRANT_FAILED = "grant_failed", "Grant failed"
         REVOKE_FAILED = "revoke_failed", "Revoke failed"
         ACL_ERROR = "acl_error", "ACL unreadable"
+        STORE_FAILED = "store_failed", "Snapshot not stored on disk"
         UNKNOWN_GPU = "unknown_gpu", "Unknown GPU in a lease"
         LEFTOVER = "leftover", "Leftover processes found"
         ENDED = "ended", "Leftover processes ended"

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 DEFAULT_CONFIG_FILE = "/etc/gpubook/agent.conf"
 ENV_PREFIX = "GPUBOOK_"
@@ -116,7 +117,8 @@ def config_from_values(values: Mapping[str, str]) -> AgentConfig:
     name = values["NODE_NAME"]
     if not NODE_NAME_RE.match(name):
         raise ConfigError(f"NODE_NAME {name!r} is not a valid node name (lowercase letters, digits and dashes)")
-    if not values["PORTAL_URL"].startswith(("https://", "http://")):
+    portal = urlsplit(values["PORTAL_URL"])
+    if portal.scheme.lower() not in ("https", "http") or not portal.hostname:
         raise ConfigError(
             f"PORTAL_URL must start with https:// (or http:// on a trusted network): {values['PORTAL_URL']!r}"
         )

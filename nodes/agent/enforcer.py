@@ -111,7 +111,12 @@ class Enforcer:
                     message = f"version {snapshot.version} is older than the applied version {current}"
                     self.report("snapshot_refused", message=message)
                 return "stale"
-            self.store.save(snapshot.raw)
+            try:
+                self.store.save(snapshot.raw)
+            except OSError as error:
+                # Enforce it anyway (it may end a slot early); a restart falls back to the stored one.
+                log.error("cannot store snapshot %d: %s", snapshot.version, error)
+                self.report("store_failed", version=snapshot.version, message=f"{self.store.path}: {error}")
             self._snapshot = snapshot
             self._failures_seen.clear()
             self._unknown_gpus_seen.clear()
@@ -264,8 +269,8 @@ class Enforcer:
     def run_due_cleanups(self, now: datetime) -> None:
         """Grace periods that are over go to the checker, which ends what the holder left running."""
         for key in [key for key, deadline in self._cleanups.items() if deadline <= now]:
+            self._cleaning.add(key)  # first, so the checker never sees the key in neither place
             del self._cleanups[key]
-            self._cleaning.add(key)
             self._jobs.put(Job("expired", gpu=key[0], user=key[1]))
 
     def end_leftovers(self, uuid: str, user: str, now: datetime) -> None:

@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         worker.start()
     finally:
-        reporter.stop()
         enforcer.stop()
+        reporter.stop()  # after the enforcer, so its last events are sent
         backend.close()
     return worker.exitcode or 0
 

@@ -28,7 +28,15 @@ EVENTS_PER_POST = 500
 
 
 class PortalUnreachable(Exception):
-    pass
+    """Try again later: the portal is down, slow, overloaded, or does not know our token (yet)."""
+
+
+class ReportRejected(Exception):
+    """The portal read the report and refused its content (400, 413, 422): sending it again
+    would fail again and hold up every later event, so it is logged and dropped."""
+
+
+REJECTED_STATUSES = frozenset({400, 413, 422})
 
 
 class PortalClient:
@@ -53,7 +61,8 @@ class PortalClient:
                 return json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as error:
             detail = error.read()[:500].decode(errors="replace")
-            raise PortalUnreachable(f"{endpoint}: HTTP {error.code}: {detail}") from error
+            failure = ReportRejected if error.code in REJECTED_STATUSES else PortalUnreachable
+            raise failure(f"{endpoint}: HTTP {error.code}: {detail}") from error
         except (TimeoutError, urllib.error.URLError, OSError, ValueError) as error:
             raise PortalUnreachable(f"{endpoint}: {error}") from error
 
@@ -75,6 +84,8 @@ class Reporter:
 
     def event(self, kind: str, **fields: Any) -> None:
         """Record one event (any thread); it is sent as soon as the reporter thread gets to it."""
+        if len(self._events) == self._events.maxlen:
+            log.warning("event buffer full (%d): the oldest event is dropped", self._events.maxlen)
         record = {
             "kind": kind,
             "at": datetime.now(UTC).isoformat(),
@@ -90,10 +101,12 @@ class Reporter:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop, after one last try to deliver the events still buffered."""
         self._stop.set()
         self._wake.set()
         if self._thread:
             self._thread.join(timeout)
+        self._send_events()
 
     def _run(self) -> None:
         next_heartbeat = next_telemetry = time.monotonic()
@@ -133,6 +146,9 @@ class Reporter:
         """POST one report (``body`` may be a callable, to build it only when it is due)."""
         try:
             self.client.post(endpoint, body() if callable(body) else body)
+        except ReportRejected as error:
+            log.error("the portal refused a %s report; dropping it: %s", endpoint, error)
+            return True
         except PortalUnreachable as error:
             if self._portal_down_since is None:
                 self._portal_down_since = time.monotonic()

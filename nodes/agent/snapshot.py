@@ -73,7 +73,7 @@ def _lease(item: Any, position: int) -> Lease:
     if not isinstance(item, dict):
         raise SnapshotRefused(f"{where}: not an object")
     reservation = item.get("reservation")
-    if not isinstance(reservation, int) or isinstance(reservation, bool):
+    if not isinstance(reservation, int) or isinstance(reservation, bool) or reservation < 1:
         raise SnapshotRefused(f"{where}: bad reservation id {reservation!r}")
     user = item.get("user")
     if not valid_username(user):

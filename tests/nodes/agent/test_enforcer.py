@@ -1,0 +1,363 @@
+"""The enforcer in-process: snapshots offered, the ACLs it wants at an instant, and converging real ACLs.
+
+No threads and no Celery: the tests call ``offer``, ``converge``, ``reconcile`` and ``startup`` directly
+with a clock they set. The GPUs are the simulated backend's stand-in device files; ACLs are real (set
+and read with setfacl/getfacl), so the tests that change them need root and the throwaway users.
+"""
+
+# Tests run fixed argument lists of tools found on this machine (never a shell).
+# ruff: noqa: S603, S607
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodes.agent.config import AgentConfig, config_from_values
+from nodes.agent.enforcer import Enforcer
+from nodes.agent.gpus import open_backend
+from nodes.agent.signing import signed
+from nodes.agent.store import SnapshotStore
+
+T0 = datetime(2030, 5, 6, 9, 0, tzinfo=UTC)
+T1 = T0 + timedelta(hours=1)
+T2 = T1 + timedelta(hours=1)
+TICK = timedelta(microseconds=1)
+GRACE = 30.0
+ABSENT_GPU = "GPU-00000000-0000-0000-0000-000000000000"
+
+
+def acl_users(path: str) -> set[str]:
+    """Named users in the file's ACL, read with the real getfacl (independent of the agent's code)."""
+    out = subprocess.run(
+        ["getfacl", "--omit-header", "--absolute-names", "--", path], capture_output=True, text=True, check=True
+    ).stdout
+    return {line.split(":")[1] for line in out.splitlines() if line.startswith("user:") and line.split(":")[1]}
+
+
+def setfacl(path: str, user: str) -> None:
+    subprocess.run(["setfacl", "-m", f"u:{user}:rw", "--", path], capture_output=True, check=True)
+
+
+def lease(reservation: int, user: str, gpus: list[str], start: datetime, end: datetime) -> dict[str, Any]:
+    return {"reservation": reservation, "user": user, "gpus": gpus, "start": start.isoformat(), "end": end.isoformat()}
+
+
+class Clock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@dataclass
+class Node:
+    config: AgentConfig
+    enforcer: Enforcer
+    store: SnapshotStore
+    clock: Clock
+    gpus: list[str]
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def device(self, index: int) -> str:
+        return self.enforcer.paths[self.gpus[index]]
+
+    def snapshot(self, leases: list[dict[str, Any]], *, version: int = 1, secret: str | None = None) -> dict:
+        body = {"node": self.config.node_name, "version": version, "issued_at": T0.isoformat(), "leases": leases}
+        return signed(body, secret or self.config.lease_secret)
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in self.events]
+
+
+@pytest.fixture
+def node() -> Iterator[Node]:
+    """A simulated two-GPU node in a /tmp directory the test users can traverse, and an enforcer for it."""
+    home = Path(tempfile.mkdtemp(prefix="gpbt-enforcer-", dir="/tmp"))
+    try:
+        home.chmod(0o755)
+        config = config_from_values(
+            {
+                "NODE_NAME": f"test-{secrets.token_hex(4)}",
+                "BROKER_URL": "redis://127.0.0.1:1/0",
+                "PORTAL_URL": "http://127.0.0.1:1",
+                "AGENT_TOKEN": "gpn_test",
+                "LEASE_SECRET": secrets.token_hex(32),
+                "STATE_DIR": str(home / "state"),
+                "DEVICE_DIR": str(home / "dev"),
+                "BACKEND": "simulated",
+                "SIMULATED_GPUS": "2",
+                "GRACE_SECONDS": str(GRACE),
+            }
+        )
+        backend = open_backend("simulated", device_dir=config.device_dir, node_name=config.node_name, simulated_gpus=2)
+        store = SnapshotStore(config.state_dir)
+        clock = Clock(T0)
+        events: list[tuple[str, dict[str, Any]]] = []
+        enforcer = Enforcer(
+            config=config,
+            backend=backend,
+            store=store,
+            report=lambda kind, **fields: events.append((kind, fields)),
+            clock=clock,
+        )
+        yield Node(config, enforcer, store, clock, [gpu.uuid for gpu in backend.gpus()], events)
+    finally:
+        shutil.rmtree(home)
+
+
+# -- offer ------------------------------------------------------------------------------------
+
+
+def test_a_valid_newer_snapshot_is_applied_and_stored(node):
+    raw = node.snapshot([lease(1, "alice", [node.gpus[0]], T0, T1)], version=1)
+
+    assert node.enforcer.offer(raw) == "applied"
+
+    assert node.enforcer.applied_version == 1
+    assert node.store.load() == raw
+    assert node.events == [("snapshot_applied", {"version": 1, "leases": 1})]
+
+
+def test_the_same_version_again_is_stale_and_silent(node):
+    raw = node.snapshot([], version=3)
+    node.enforcer.offer(raw)
+    node.events.clear()
+
+    assert node.enforcer.offer(raw) == "stale"
+
+    assert node.events == []
+    assert node.enforcer.applied_version == 3
+
+
+def test_an_older_version_is_stale_and_reported(node):
+    newer = node.snapshot([], version=5)
+    node.enforcer.offer(newer)
+    node.events.clear()
+
+    assert node.enforcer.offer(node.snapshot([lease(1, "alice", [node.gpus[0]], T0, T1)], version=4)) == "stale"
+
+    assert node.events == [("snapshot_refused", {"message": "version 4 is older than the applied version 5"})]
+    assert node.enforcer.applied_version == 5
+    assert node.store.load() == newer
+
+
+def test_a_snapshot_signed_with_another_secret_is_refused_and_not_stored(node):
+    raw = node.snapshot([lease(1, "alice", [node.gpus[0]], T0, T1)], secret="not the node's secret")
+
+    assert node.enforcer.offer(raw) == "refused"
+
+    assert node.events == [("snapshot_refused", {"message": "bad or missing signature"})]
+    assert node.enforcer.applied_version == 0
+    assert node.store.load() is None
+
+
+def test_a_refused_snapshot_leaves_the_applied_one_in_force(node):
+    good = node.snapshot([lease(1, "alice", [node.gpus[0]], T0, T1)], version=1)
+    node.enforcer.offer(good)
+
+    hostile = node.snapshot([lease(2, "root", [node.gpus[0]], T0, T1)], version=2)
+    assert node.enforcer.offer(hostile) == "refused"
+
+    assert node.enforcer.applied_version == 1
+    assert node.store.load() == good
+    assert node.enforcer.desired(T0)[node.gpus[0]] == {"alice"}
+
+
+# -- what should be, and when it changes ----------------------------------------------------------
+
+
+def test_desired_follows_lease_starts_and_ends(node):
+    g0, g1 = node.gpus
+    node.enforcer.offer(node.snapshot([lease(1, "alice", [g0], T0, T1), lease(2, "bob", [g0, g1], T1, T2)]))
+    desired = node.enforcer.desired
+
+    assert desired(T0 - TICK) == {g0: set(), g1: set()}
+    assert desired(T0) == {g0: {"alice"}, g1: set()}
+    assert desired(T1 - TICK) == {g0: {"alice"}, g1: set()}
+    assert desired(T1) == {g0: {"bob"}, g1: {"bob"}}
+    assert desired(T2 - TICK) == {g0: {"bob"}, g1: {"bob"}}
+    assert desired(T2) == {g0: set(), g1: set()}
+
+
+def test_overlapping_leases_share_a_gpu(node):
+    g0, _ = node.gpus
+    node.enforcer.offer(node.snapshot([lease(1, "alice", [g0], T0, T2), lease(2, "bob", [g0], T1, T2)]))
+
+    assert node.enforcer.desired(T1)[g0] == {"alice", "bob"}
+
+
+def test_nothing_is_desired_without_a_snapshot(node):
+    g0, g1 = node.gpus
+
+    assert node.enforcer.desired(T0) == {g0: set(), g1: set()}
+    assert node.enforcer.next_boundary(T0) is None
+
+
+def test_next_boundary_is_the_first_start_or_end_after_now(node):
+    g0, g1 = node.gpus
+    node.enforcer.offer(node.snapshot([lease(1, "alice", [g0], T0, T1), lease(2, "bob", [g1], T1, T2)]))
+    boundary = node.enforcer.next_boundary
+
+    assert boundary(T0 - timedelta(days=1)) == T0
+    assert boundary(T0 - TICK) == T0
+    assert boundary(T0) == T1  # strictly after now: a boundary that is now has been handled
+    assert boundary(T1) == T2
+    assert boundary(T2) is None
+
+
+def test_a_lease_on_a_gpu_this_node_lacks_is_reported_once(node):
+    g0, _ = node.gpus
+    node.enforcer.offer(node.snapshot([lease(1, "alice", [ABSENT_GPU], T0, T1)]))
+    node.events.clear()
+
+    for _ in range(3):
+        node.enforcer.converge(T0)
+        assert node.enforcer.desired(T0)[g0] == set()
+
+    assert node.events == [("unknown_gpu", {"gpu": ABSENT_GPU, "user": "alice", "reservation": 1})]
+    assert ABSENT_GPU not in node.enforcer.desired(T0)
+
+
+def test_an_unknown_gpu_is_reported_again_for_a_new_snapshot(node):
+    node.enforcer.offer(node.snapshot([lease(1, "alice", [ABSENT_GPU], T0, T1)], version=1))
+    node.enforcer.converge(T0)
+    node.enforcer.offer(node.snapshot([lease(1, "alice", [ABSENT_GPU], T0, T1)], version=2))
+    node.enforcer.converge(T0)
+
+    assert node.kinds().count("unknown_gpu") == 2
+
+
+# -- making it so: real ACLs --------------------------------------------------------------------
+
+
+def test_a_hand_over_revokes_before_it_grants(node, unix_users):
+    a, b = unix_users[0].name, unix_users[1].name
+    g0, g1 = node.gpus
+    node.enforcer.offer(node.snapshot([lease(1, a, [g0], T0, T1), lease(2, b, [g0, g1], T1, T2)]))
+    node.enforcer.converge(T0)
+    assert acl_users(node.device(0)) == {a}
+    assert acl_users(node.device(1)) == set()
+    node.events.clear()
+
+    node.enforcer.converge(T1)  # A's end and B's start are the same instant
+
+    assert acl_users(node.device(0)) == {b}
+    assert acl_users(node.device(1)) == {b}
+    assert node.kinds() == ["revoked", "granted", "granted"]
+    assert node.events[0] == ("revoked", {"gpu": g0, "user": a, "reservation": 1, "boundary": T1.isoformat()})
+    assert sorted((fields["gpu"], fields["user"]) for _, fields in node.events[1:]) == sorted([(g0, b), (g1, b)])
+    assert all(fields["reservation"] == 2 and fields["boundary"] == T1.isoformat() for _, fields in node.events[1:])
+    assert node.enforcer.acls_in_force() == {g0: [b], g1: [b]}
+    assert node.enforcer.next_boundary(T1) == T1 + timedelta(seconds=GRACE)  # A's leftovers get cleaned up
+
+
+def test_converging_twice_at_the_same_instant_changes_nothing(node, unix_users):
+    a = unix_users[0].name
+    node.enforcer.offer(node.snapshot([lease(1, a, [node.gpus[0]], T0, T1)]))
+    node.enforcer.converge(T0)
+    node.events.clear()
+
+    node.enforcer.converge(T0)
+    node.enforcer.reconcile(T0)
+
+    assert node.events == []
+    assert acl_users(node.device(0)) == {a}
+
+
+def test_the_end_is_enforced_at_the_end_instant(node, unix_users):
+    a = unix_users[0].name
+    node.enforcer.offer(node.snapshot([lease(1, a, [node.gpus[0]], T0, T1)]))
+    node.enforcer.converge(T0)
+
+    node.enforcer.converge(T1 - TICK)
+    assert acl_users(node.device(0)) == {a}
+    node.enforcer.converge(T1)
+    assert acl_users(node.device(0)) == set()
+
+
+def test_startup_removes_grants_no_stored_lease_backs_and_keeps_the_backed_ones(node, unix_users):
+    a, b = unix_users[0].name, unix_users[1].name
+    g0, g1 = node.gpus
+    setfacl(node.device(0), a)  # left from before a crash, or added by hand: nothing backs it
+    setfacl(node.device(1), b)
+    node.store.save(node.snapshot([lease(7, b, [g1], T0, T2)], version=4))
+    node.clock.now = T1
+
+    node.enforcer.startup()
+
+    assert acl_users(node.device(0)) == set()
+    assert acl_users(node.device(1)) == {b}
+    assert node.events == [("revoked", {"gpu": g0, "user": a})]
+    assert node.enforcer.applied_version == 4
+
+
+def test_startup_grants_what_the_stored_snapshot_backs(node, unix_users):
+    a = unix_users[0].name
+    node.store.save(node.snapshot([lease(7, a, [node.gpus[0]], T0, T2)], version=4))
+    node.clock.now = T1
+
+    node.enforcer.startup()
+
+    assert acl_users(node.device(0)) == {a}
+    assert node.kinds() == ["granted"]
+
+
+def test_a_stored_snapshot_signed_with_another_secret_is_not_trusted_at_startup(node, unix_users):
+    a, b = unix_users[0].name, unix_users[1].name
+    g0, g1 = node.gpus
+    setfacl(node.device(0), a)
+    setfacl(node.device(1), b)
+    forged = node.snapshot([lease(7, a, [g0], T0, T2), lease(8, b, [g1], T0, T2)], version=9, secret="old secret")
+    node.store.save(forged)
+    node.clock.now = T1
+
+    node.enforcer.startup()
+
+    assert acl_users(node.device(0)) == set()
+    assert acl_users(node.device(1)) == set()
+    assert node.enforcer.applied_version == 0
+    assert node.events[0] == ("snapshot_refused", {"message": "stored snapshot: bad or missing signature"})
+    assert sorted(node.kinds()[1:]) == ["revoked", "revoked"]
+    assert node.enforcer.offer(node.snapshot([], version=1)) == "applied"  # a real one is taken at once
+
+
+def test_granting_to_a_user_the_node_lacks_is_reported_once_and_others_still_get_theirs(node, unix_users):
+    a = unix_users[0].name
+    ghost = f"gpbt_ghost{secrets.token_hex(3)}"  # a valid name, but no such account here
+    g0, g1 = node.gpus
+    node.enforcer.offer(node.snapshot([lease(1, ghost, [g0], T0, T1), lease(2, a, [g1], T0, T1)]))
+    node.events.clear()
+
+    for _ in range(3):
+        node.enforcer.converge(T0)
+        node.enforcer.reconcile(T0)
+
+    failures = [fields for kind, fields in node.events if kind == "grant_failed"]
+    assert len(failures) == 1
+    assert failures[0]["gpu"] == g0
+    assert failures[0]["user"] == ghost
+    assert "there is no user" in failures[0]["message"]
+    assert node.kinds().count("granted") == 1
+    assert acl_users(node.device(0)) == set()
+    assert acl_users(node.device(1)) == {a}
+
+
+def test_a_grant_failure_is_reported_again_after_a_new_snapshot(node, unix_users):
+    ghost = f"gpbt_ghost{secrets.token_hex(3)}"
+    node.enforcer.offer(node.snapshot([lease(1, ghost, [node.gpus[0]], T0, T1)], version=1))
+    node.enforcer.converge(T0)
+    node.enforcer.offer(node.snapshot([lease(1, ghost, [node.gpus[0]], T0, T2)], version=2))
+    node.enforcer.converge(T0)
+
+    assert node.kinds().count("grant_failed") == 2
