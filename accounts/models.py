@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractUser
 from django.db import models
 
-from accounts.validators import validate_unix_username
+from accounts.validators import validate_timezone, validate_unix_username
 
 
 class User(AbstractUser):
@@ -16,6 +16,15 @@ class User(AbstractUser):
         blank=True,
         validators=[validate_unix_username],
         help_text="The account on the GPU nodes that gets access to booked GPUs.",
+    )
+    timezone = models.CharField(
+        max_length=64,
+        default="UTC",
+        validators=[validate_timezone],
+        help_text="Times on every page and in emails are shown in this zone, e.g. Europe/Berlin.",
+    )
+    remind_before_end_minutes = models.PositiveSmallIntegerField(
+        default=15, help_text="Email this many minutes before a slot ends (0: no reminder)."
     )
 
     class Meta(AbstractUser.Meta):

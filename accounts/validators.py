@@ -7,6 +7,7 @@ strictly, with ``\\Z`` rather than ``$`` so that a trailing newline cannot slip 
 from __future__ import annotations
 
 import re
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core.exceptions import ValidationError
 
@@ -53,3 +54,13 @@ def validate_unix_username(value: str) -> None:
             code="reserved_unix_username",
             params={"value": value},
         )
+
+
+def validate_timezone(value: str) -> None:
+    """An IANA zone name the server knows (zoneinfo), such as Europe/Berlin or UTC."""
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValidationError(
+            f"Unknown time zone {value!r}: use a name like Europe/Berlin or America/New_York."
+        ) from None

@@ -1,6 +1,5 @@
 from django.contrib import admin
 from django.urls import include, path
-from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 admin.site.site_header = "GPU booking portal"
@@ -12,7 +11,8 @@ urlpatterns = [
     path("api/v1/", include(("portal.api_urls", "api"), namespace="api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
-    path("", RedirectView.as_view(pattern_name="admin:index", permanent=False)),
+    path("", include("accounts.urls")),
+    path("", include("reservations.urls")),
 ]
 
 handler400 = "portal.api.bad_request"

@@ -1,0 +1,22 @@
+"""Pages and emails speak the user's time zone; the database stays in UTC."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from zoneinfo import ZoneInfo
+
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+
+
+class UserTimezoneMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        zone = getattr(request.user, "timezone", None) if request.user.is_authenticated else None
+        if zone:
+            timezone.activate(ZoneInfo(zone))
+        else:
+            timezone.deactivate()
+        return self.get_response(request)

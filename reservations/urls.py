@@ -1,0 +1,10 @@
+from django.urls import path
+
+from reservations import calendar, pages
+
+urlpatterns = [
+    path("", calendar.calendar_page, name="calendar"),
+    path("reservations/mine/", pages.my_reservations, name="my-reservations"),
+    path("reservations/pending/", pages.pending_approvals, name="pending-approvals"),
+    path("reservations/<int:pk>/<slug:action>/", pages.reservation_action, name="reservation-action"),
+]
