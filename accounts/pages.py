@@ -1,25 +1,127 @@
-"""The profile pages: unix username, time zone, reminders, API tokens. (Being written.)"""
+"""The profile page: unix username, time zone, reminders, and personal API tokens.
+
+A new token is shown once, on the response to the form that created it (marked no-store); it is
+never put in the session, in a message or in a redirect, and the database keeps only its hash.
+"""
 
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_POST
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.cache import add_never_cache_headers
+from django.views.decorators.http import require_http_methods, require_POST
+
+from accounts.forms import ProfileForm, TokenForm
+from accounts.models import ApiToken, User
+from accounts.services import api_token_create, api_token_revoke
+from audit.services import audit_record
 
 
 @login_required
+@require_http_methods(["GET", "POST"])
 def profile(request: HttpRequest) -> HttpResponse:
-    return render(request, "accounts/profile.html", {"nav": "profile"})
+    # A fresh copy: a form that fails validation must not leave its values on request.user.
+    user = User.objects.get(pk=request.user.pk)
+    if request.method != "POST":
+        return _render(request, ProfileForm(instance=user))
+    form = ProfileForm(request.POST, instance=user)
+    if form.is_valid():
+        if not form.has_changed():
+            messages.info(request, "Nothing to save: your profile is as it was.")
+            return redirect("profile")
+        if _save_profile(form, actor=request.user):
+            messages.success(request, f"Profile saved: {_describe(form)}.")
+            return redirect("profile")
+    return _render(request, form)
+
+
+def _save_profile(form: ProfileForm, *, actor: Any) -> bool:
+    """Write the changed fields and audit them; False (with a form error) if the name was taken meanwhile."""
+    changed = {name: form.cleaned_data[name] for name in form.changed_data}
+    before = {name: form.initial.get(name) for name in changed}
+    rows = User.objects.filter(pk=form.instance.pk)
+    if "unix_username" in changed:
+        # Set once: a compare-and-swap, so two tabs (or a race) cannot overwrite it.
+        rows = rows.filter(unix_username__isnull=True)
+    try:
+        with transaction.atomic():
+            if rows.update(**changed) != 1:
+                form.add_error("unix_username", "Your unix username was set meanwhile; ask an admin to change it.")
+                return False
+            audit_record(actor=actor, action="user.profile", target=form.instance, before=before, after=changed)
+    except IntegrityError:
+        form.add_error("unix_username", ProfileForm.Meta.error_messages["unix_username"]["unique"])
+        return False
+    return True
+
+
+def _describe(form: ProfileForm) -> str:
+    labels = {"unix_username": "unix username", "timezone": "time zone", "remind_before_end_minutes": "reminder"}
+    return ", ".join(f"{labels[name]} {form.cleaned_data[name]}" for name in form.changed_data)
 
 
 @login_required
 @require_POST
 def token_create(request: HttpRequest) -> HttpResponse:
-    raise NotImplementedError
+    form = TokenForm(request.POST)
+    if form.is_valid():
+        days = form.cleaned_data["expires_in_days"]
+        expires_at = timezone.now() + timedelta(days=days) if days else None
+        try:
+            record, token = api_token_create(user=request.user, name=form.cleaned_data["name"], expires_at=expires_at)
+        except ValueError as exc:
+            form.add_error(None, str(exc))
+        else:
+            # The only time the token exists outside the user's hands: this response, not cached.
+            response = _render(request, ProfileForm(instance=request.user), TokenForm(), new_token=(record, token))
+            add_never_cache_headers(response)
+            return response
+    return _render(request, ProfileForm(instance=request.user), form)
 
 
 @login_required
 @require_POST
 def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
-    raise NotImplementedError
+    token = get_object_or_404(ApiToken, pk=pk, user=request.user)
+    if token.revoked_at is not None:
+        messages.info(request, f"Token “{token.name}” was already revoked.")
+    else:
+        api_token_revoke(token=token, actor=request.user)
+        messages.success(request, f"Token “{token.name}” ({token.prefix}…) revoked; requests that use it now fail.")
+    return redirect("profile")
+
+
+def _render(
+    request: HttpRequest,
+    profile_form: ProfileForm,
+    token_form: TokenForm | None = None,
+    *,
+    new_token: tuple[ApiToken, str] | None = None,
+) -> HttpResponse:
+    now = timezone.now()
+    tokens = [(token, _token_status(token, now)) for token in ApiToken.objects.filter(user=request.user)]
+    context = {
+        "nav": "profile",
+        "form": profile_form,
+        "token_form": token_form or TokenForm(),
+        "tokens": tokens,
+        "new_token": new_token,
+        "me_url": request.build_absolute_uri(reverse("api:me")),
+    }
+    return render(request, "accounts/profile.html", context)
+
+
+def _token_status(token: ApiToken, now: Any) -> str:
+    if token.revoked_at is not None:
+        return "revoked"
+    if token.expires_at is not None and token.expires_at <= now:
+        return "expired"
+    return "active"

@@ -1,24 +1,242 @@
-"""Server-rendered reservation pages: my reservations, pending approvals, and their actions. (Being written.)"""
+"""Server-rendered reservation pages: my reservations, pending approvals, and their actions.
+
+Plain HTML forms that work without JavaScript. Every change goes through reservations.services;
+a refusal (BookingError) becomes an error message on the page the user came from, never a 500.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import dateformat, timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
+
+from nodes.models import Gpu
+from reservations import selectors, services
+from reservations.exceptions import BookingError
+from reservations.forms import EXTEND_HOURS, ExtendForm, ReasonForm, RequiredReasonForm, first_error
+from reservations.models import Reservation
+
+Status = Reservation.Status
+
+# How far back "My reservations" shows finished, cancelled and rejected bookings.
+PAST_DAYS = 30
+PAST_LIMIT = 100
+ADMIN_ACTIONS = frozenset({"approve", "reject"})
+
+
+@dataclass(frozen=True)
+class Row:
+    """A reservation as the pages show it: its GPUs, where it stands, and what can be done."""
+
+    reservation: Reservation
+    gpus: list[Gpu]
+    phase: str  # "upcoming", "running" or "past" by the clock
+    end_input: str  # the current end as a datetime-local value in the user's zone
+
+    @property
+    def live(self) -> bool:
+        return self.reservation.is_live and self.phase != "past"
+
+    @property
+    def can_cancel(self) -> bool:
+        return self.live and self.phase == "upcoming"
+
+    @property
+    def can_release(self) -> bool:
+        return self.live and self.phase == "running"
+
+    @property
+    def can_extend(self) -> bool:
+        return self.live
+
+    @property
+    def shows_access(self) -> bool:
+        """Approved and not over: the user will ssh in and needs the GPUs' ids."""
+        return self.live and self.reservation.status == Status.APPROVED
+
+    @property
+    def gpu_indices(self) -> str:
+        return ",".join(str(gpu.index) for gpu in self.gpus)
+
+    @property
+    def gpu_list(self) -> str:
+        return ", ".join(str(gpu.index) for gpu in self.gpus)
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        # UUIDs, not indices: CUDA's own numbering need not match nvidia-smi's, UUIDs always do.
+        return ",".join(gpu.uuid for gpu in self.gpus)
+
+    @property
+    def gpu_models(self) -> str:
+        return ", ".join(sorted({f"{gpu.model} ({gpu.memory_gb} GB)" for gpu in self.gpus}))
+
+    @property
+    def badge(self) -> tuple[str, str]:
+        """(css class, label) for the status badge."""
+        r = self.reservation
+        if r.status == Status.CANCELLED:
+            return "cancelled", "cancelled"
+        if r.status == Status.REJECTED:
+            return "rejected", "rejected"
+        if r.status == Status.PENDING:
+            return ("pending", "never approved") if self.phase == "past" else ("pending", "tentative: pending approval")
+        if self.phase == "running":
+            return "running", "running"
+        if self.phase == "past":
+            return "", "released early" if r.released_at else "finished"
+        return "approved", "approved"
+
+
+def _rows(reservations: QuerySet[Reservation] | list[Reservation], now: datetime) -> list[Row]:
+    return [
+        Row(
+            reservation=r,
+            gpus=sorted((a.gpu for a in r.allocations.all()), key=lambda gpu: gpu.index),
+            phase=r.phase(now),
+            end_input=timezone.localtime(r.end).strftime("%Y-%m-%dT%H:%M"),
+        )
+        for r in reservations
+    ]
 
 
 @login_required
 def my_reservations(request: HttpRequest) -> HttpResponse:
-    return render(request, "reservations/mine.html", {"nav": "mine"})
+    now = timezone.now()
+    mine = selectors.reservation_list(user=request.user).filter(user=request.user)
+    current = _rows(mine.filter(status__in=Reservation.LIVE_STATUSES, end__gt=now), now)
+    past = mine.filter(end__gt=now - timedelta(days=PAST_DAYS)).exclude(
+        status__in=Reservation.LIVE_STATUSES, end__gt=now
+    )
+    running = [row for row in current if row.phase == "running"]
+    upcoming = [row for row in current if row.phase == "upcoming"]
+    groups = [
+        {"id": "running", "title": "Running now", "rows": running, "empty": "Nothing is running right now."},
+        {"id": "upcoming", "title": "Upcoming", "rows": upcoming, "empty": "Nothing booked ahead."},
+        {
+            "id": "past",
+            "title": f"Finished, cancelled or rejected (last {PAST_DAYS} days)",
+            "rows": _rows(past.select_related("cancelled_by").order_by("-start", "-id")[:PAST_LIMIT], now),
+            "empty": f"Nothing finished, cancelled or rejected in the last {PAST_DAYS} days.",
+        },
+    ]
+    context = {
+        "nav": "mine",
+        "groups": groups,
+        "extend_hours": EXTEND_HOURS,
+        "grid_seconds": settings.BOOKING_GRID_MINUTES * 60,
+    }
+    return render(request, "reservations/mine.html", context)
 
 
 @login_required
 def pending_approvals(request: HttpRequest) -> HttpResponse:
-    return render(request, "reservations/pending.html", {"nav": "pending"})
+    if not request.user.is_booking_admin:
+        return _forbidden(request)
+    now = timezone.now()
+    pending = selectors.reservation_list(user=request.user).filter(status=Status.PENDING)
+    return render(request, "reservations/pending.html", {"nav": "pending", "rows": _rows(pending, now)})
+
+
+def _forbidden(request: HttpRequest) -> HttpResponse:
+    return render(request, "reservations/pending.html", {"nav": "pending", "forbidden": True}, status=403)
+
+
+# --- actions -------------------------------------------------------------------------------
+
+
+_F = TypeVar("_F", bound=forms.Form)
+
+
+class _BadInput(Exception):
+    """A form field is missing or malformed; the message names it."""
+
+
+def _cancel(request: HttpRequest, reservation: Reservation) -> str:
+    form = _valid(ReasonForm(request.POST))
+    done = services.reservation_cancel(reservation=reservation, actor=request.user, reason=form.cleaned_data["reason"])
+    return f"Reservation #{done.pk} cancelled; its GPUs are free for others again."
+
+
+def _release(request: HttpRequest, reservation: Reservation) -> str:
+    done = services.reservation_release(reservation=reservation, actor=request.user)
+    return f"Reservation #{done.pk} released; GPU access ends now."
+
+
+def _extend(request: HttpRequest, reservation: Reservation) -> str:
+    form = _valid(ExtendForm(request.POST))
+    done = services.reservation_extend(reservation=reservation, actor=request.user, end=form.new_end(reservation.end))
+    return f"Reservation #{done.pk} extended: it now ends {_moment(done.end)}."
+
+
+def _approve(request: HttpRequest, reservation: Reservation) -> str:
+    form = _valid(ReasonForm(request.POST))
+    done = services.reservation_approve(reservation=reservation, actor=request.user, reason=form.cleaned_data["reason"])
+    return f"Reservation #{done.pk} of {done.user.get_username()} approved; the GPUs are theirs from the start."
+
+
+def _reject(request: HttpRequest, reservation: Reservation) -> str:
+    form = _valid(RequiredReasonForm(request.POST))
+    done = services.reservation_reject(reservation=reservation, actor=request.user, reason=form.cleaned_data["reason"])
+    return f"Reservation #{done.pk} of {done.user.get_username()} rejected; its slot is free again."
+
+
+ACTIONS: dict[str, Callable[[HttpRequest, Reservation], str]] = {
+    "cancel": _cancel,
+    "release": _release,
+    "extend": _extend,
+    "approve": _approve,
+    "reject": _reject,
+}
 
 
 @login_required
 @require_POST
 def reservation_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
-    raise NotImplementedError
+    if action not in ACTIONS:
+        raise Http404(f"No action {action!r}.")
+    if action in ADMIN_ACTIONS and not request.user.is_booking_admin:
+        return _forbidden(request)
+    # Researchers can act on their own reservations only; anyone else's is a 404, as in the API.
+    reservation = get_object_or_404(selectors.reservations_actionable(user=request.user), pk=pk)
+    try:
+        messages.success(request, ACTIONS[action](request, reservation))
+    except _BadInput as problem:
+        messages.error(request, str(problem))
+    except BookingError as error:
+        messages.error(request, str(error))
+    return _back(request)
+
+
+def _valid(form: _F) -> _F:
+    if not form.is_valid():
+        raise _BadInput(first_error(form))
+    return form
+
+
+def _back(request: HttpRequest) -> HttpResponseRedirect:
+    """To the local page named in ``next`` (the page the form was on), else to my reservations."""
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return HttpResponseRedirect(target)
+    return redirect(reverse("my-reservations"))
+
+
+def _moment(moment: datetime) -> str:
+    """A time in the user's zone, as the pages show it."""
+    return f"{dateformat.format(timezone.localtime(moment), 'D j M Y, H:i')} ({timezone.get_current_timezone_name()})"

@@ -16,6 +16,12 @@ from tests.factories import UserFactory, node_with_gpus
 MONDAY_9 = datetime(2030, 1, 7, 9, 0, tzinfo=UTC)
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """Real hashing costs about a second per user created; the tests are not about it."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def alice(db):
     return UserFactory(username="alice")

@@ -61,7 +61,7 @@ def screenshot(page, request):
     return take
 
 
-def log_in(page, live_server, username: str, password: str = "correct horse battery staple") -> None:
+def log_in(page, live_server, username: str, password: str = "correct horse battery staple") -> None:  # noqa: S107 - the factories' test password
     page.goto(f"{live_server.url}/accounts/login/")
     page.get_by_label("Username").fill(username)
     page.get_by_label("Password").fill(password)
