@@ -11,7 +11,6 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -21,8 +20,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.forms import ProfileForm, TokenForm
 from accounts.models import ApiToken, User
-from accounts.services import api_token_create, api_token_revoke
-from audit.services import audit_record
+from accounts.services import UnixUsernameTaken, api_token_create, api_token_revoke, user_profile_update
 
 
 @login_required
@@ -44,21 +42,12 @@ def profile(request: HttpRequest) -> HttpResponse:
 
 
 def _save_profile(form: ProfileForm, *, actor: Any) -> bool:
-    """Write the changed fields and audit them; False (with a form error) if the name was taken meanwhile."""
-    changed = {name: form.cleaned_data[name] for name in form.changed_data}
-    before = {name: form.initial.get(name) for name in changed}
-    rows = User.objects.filter(pk=form.instance.pk)
-    if "unix_username" in changed:
-        # Set once: a compare-and-swap, so two tabs (or a race) cannot overwrite it.
-        rows = rows.filter(unix_username__isnull=True)
+    """Save through the service; False (with the reason on the field) if the username was taken meanwhile."""
+    changes = {name: form.cleaned_data[name] for name in form.changed_data}
     try:
-        with transaction.atomic():
-            if rows.update(**changed) != 1:
-                form.add_error("unix_username", "Your unix username was set meanwhile; ask an admin to change it.")
-                return False
-            audit_record(actor=actor, action="user.profile", target=form.instance, before=before, after=changed)
-    except IntegrityError:
-        form.add_error("unix_username", ProfileForm.Meta.error_messages["unix_username"]["unique"])
+        user_profile_update(user=form.instance, changes=changes, actor=actor)
+    except UnixUsernameTaken as error:
+        form.add_error("unix_username", str(error))
         return False
     return True
 

@@ -7,10 +7,10 @@ import secrets
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from accounts.models import ApiToken
+from accounts.models import ApiToken, User
 from audit.services import audit_record
 
 TOKEN_PREFIX = "gpb_"  # noqa: S105 - a public marker, not a secret
@@ -45,3 +45,30 @@ def api_token_revoke(*, token: ApiToken, actor: Any) -> ApiToken:
             audit_record(actor=actor, action="api_token.revoke", target=token, before={"name": token.name})
     token.refresh_from_db()
     return token
+
+
+class UnixUsernameTaken(ValueError):
+    """The unix username is someone else's, or was set meanwhile (it is set once)."""
+
+
+def user_profile_update(*, user: User, changes: dict[str, Any], actor: Any) -> None:
+    """Write the changed profile fields and audit them.
+
+    The unix username is set once by its owner (it names the account that receives GPUs): the
+    write is a compare-and-swap on "still empty", so two tabs or a race cannot overwrite it.
+    """
+    if not changes:
+        return
+    rows = User.objects.filter(pk=user.pk)
+    before = rows.values(*changes).get()  # from the database: a bound form has already changed ``user``
+    if "unix_username" in changes:
+        rows = rows.filter(unix_username__isnull=True)
+    try:
+        with transaction.atomic():
+            if rows.update(**changes) != 1:
+                raise UnixUsernameTaken("Your unix username was set meanwhile; ask an admin to change it.")
+            audit_record(actor=actor, action="user.profile", target=user, before=before, after=changes)
+    except IntegrityError:
+        raise UnixUsernameTaken(
+            "Another portal account already has this unix username. If it is yours, ask an admin."
+        ) from None
