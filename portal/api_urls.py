@@ -5,6 +5,7 @@ from accounts.api import ApiTokenViewSet, MeView
 from nodes.agent_api import EventsView, HeartbeatView, TelemetryView
 from nodes.api import GpuViewSet, NodeViewSet
 from reservations.api import AvailabilityView, ReservationViewSet
+from reservations.calendar import CalendarDataView
 
 router = DefaultRouter()
 router.register("nodes", NodeViewSet, basename="node")
@@ -15,6 +16,7 @@ router.register("tokens", ApiTokenViewSet, basename="token")
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),
     path("availability/", AvailabilityView.as_view(), name="availability"),
+    path("calendar/", CalendarDataView.as_view(), name="calendar"),
     path("agent/heartbeat/", HeartbeatView.as_view(), name="agent-heartbeat"),
     path("agent/events/", EventsView.as_view(), name="agent-events"),
     path("agent/telemetry/", TelemetryView.as_view(), name="agent-telemetry"),

@@ -47,18 +47,19 @@ def browser_context_args(browser_context_args: dict) -> dict:
     return {**browser_context_args, "viewport": {"width": 1400, "height": 900}, "timezone_id": "Europe/Berlin"}
 
 
-@pytest.fixture
-def screenshot(page, request):
-    """``screenshot("name")`` saves the page as var/screenshots/<test>-<name>.png."""
+def save_screenshot(page, name: str) -> Path:
+    """Save the page as var/screenshots/<name>.png (or under $SCREENSHOT_DIR)."""
     directory = Path(os.environ.get("SCREENSHOT_DIR", settings.BASE_DIR / "var" / "screenshots"))
     directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
 
-    def take(name: str) -> Path:
-        path = directory / f"{request.node.name}-{name}.png"
-        page.screenshot(path=str(path), full_page=True)
-        return path
 
-    return take
+@pytest.fixture
+def screenshot(page, request):
+    """``screenshot("step")`` saves the test's page as var/screenshots/<test>-<step>.png."""
+    return lambda step: save_screenshot(page, f"{request.node.originalname}-{step}")
 
 
 def log_in(page, live_server, username: str, password: str = "correct horse battery staple") -> None:  # noqa: S107 - the factories' test password

@@ -1,0 +1,663 @@
+/* The booking calendar (templates/reservations/calendar.html).
+ *
+ * EventCalendar (static/vendor/event-calendar/) draws a resource timeline: one row per node with its
+ * GPUs as child rows, time across. The rows and events of each visible range come from
+ * GET /api/v1/calendar/; every change goes through the reservations API (book, cancel, release,
+ * extend), and every refusal is shown in the API's own words.
+ *
+ * Times. EventCalendar knows fixed offsets only, so the page uses the offset the user's zone has
+ * now (config.time_zone.offset) for everything: a week that crosses a DST change is shown with one
+ * offset. EventCalendar hands callbacks browser Dates whose *local* fields hold the wall-clock time
+ * in that offset: wallOf() reads them, instantOf() turns a wall-clock time back into an ISO 8601
+ * time with the offset, which is what the API takes.
+ *
+ * Selections. A selection in a resource timeline stays on the row where it began, so one drag picks
+ * one GPU (or a node's row); the booking dialog lists the node's GPUs as checkboxes to book several.
+ *
+ * Crowded ranges. EventCalendar draws every event of the range (no virtual scrolling), at about a
+ * millisecond each on a slow machine: a full week of a 64-GPU lab is over 5,000 bookings. So each
+ * node's row carries a summary of its load (how many of its GPUs are booked, as shading), and when
+ * a range holds more than EXPAND_LIMIT bookings the nodes start collapsed: their summaries show at
+ * once and a node's GPUs are drawn when it is expanded (its +/- button).
+ */
+'use strict';
+
+(() => {
+  const config = JSON.parse(document.getElementById('calendar-config').textContent);
+  const OFFSET = config.time_zone.offset;
+  const OFFSET_MS = parseOffset(OFFSET) * 60000;
+  const GRID_MS = config.grid_minutes * 60000;
+  const HOUR_MS = 3600000;
+  const REFRESH_MS = 2 * 60000;
+  const VIEW_KEY = 'gpu-calendar-view';
+  const VIEWS = ['resourceTimelineDay', 'resourceTimelineWeek'];
+  const EXPAND_LIMIT = 1500;
+
+  const $ = (id) => document.getElementById(id);
+  const calendarEl = $('calendar');
+  const statusEl = $('calendar-status');
+  const pageErrorEl = $('calendar-error');
+  const noteEl = $('calendar-note');
+
+  // --- time ------------------------------------------------------------------------------------
+
+  function parseOffset(text) {
+    const match = /^([+-])(\d{2}):(\d{2})$/.exec(text);
+    return match ? (match[1] === '-' ? -1 : 1) * (Number(match[2]) * 60 + Number(match[3])) : 0;
+  }
+
+  const pad = (n) => String(n).padStart(2, '0');
+
+  /** "2030-01-07T10:00:00" from a Date EventCalendar handed out (its local fields are the wall clock). */
+  function wallOf(date) {
+    return `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())}` +
+      `T${pad(date.getHours())}:${pad(date.getMinutes())}:${pad(date.getSeconds())}`;
+  }
+
+  /** The wall-clock time, in the calendar's offset, of an instant (milliseconds or ISO 8601). */
+  function wallAt(instant) {
+    const ms = typeof instant === 'number' ? instant : Date.parse(instant);
+    return new Date(ms + OFFSET_MS).toISOString().slice(0, 19);
+  }
+
+  /** "2030-01-07T10:00:00+01:00" from a wall-clock time ("2030-01-07T10:00" or with seconds). */
+  function instantOf(wall) {
+    return (wall.length === 16 ? `${wall}:00` : wall.slice(0, 19)) + OFFSET;
+  }
+
+  const msOf = (wall) => Date.parse(instantOf(wall));
+  const floorToGrid = (ms) => Math.floor(ms / GRID_MS) * GRID_MS;
+  const toInputValue = (wall) => wall.slice(0, 16);
+
+  // Wall-clock strings are formatted by reading their fields as UTC: no zone arithmetic in between.
+  // 24-hour times throughout, like the calendar's labels.
+  const dayTime = new Intl.DateTimeFormat(undefined, {
+    weekday: 'short', day: 'numeric', month: 'short', hour: '2-digit', minute: '2-digit', hourCycle: 'h23', timeZone: 'UTC',
+  });
+  const timeOnly = new Intl.DateTimeFormat(undefined, {hour: '2-digit', minute: '2-digit', hourCycle: 'h23', timeZone: 'UTC'});
+  const asUtc = (wall) => new Date(`${wall.slice(0, 19)}Z`);
+
+  function formatWall(wall) {
+    return dayTime.format(asUtc(wall));
+  }
+
+  function formatPeriod(startWall, endWall) {
+    const sameDay = startWall.slice(0, 10) === endWall.slice(0, 10);
+    return `${formatWall(startWall)} – ${sameDay ? timeOnly.format(asUtc(endWall)) : formatWall(endWall)}`;
+  }
+
+  function formatDuration(ms) {
+    const minutes = Math.round(ms / 60000);
+    const hours = Math.floor(minutes / 60);
+    const rest = minutes % 60;
+    return [hours ? `${hours} h` : '', rest ? `${rest} min` : ''].filter(Boolean).join(' ') || '0 min';
+  }
+
+  const zoneText = `${config.time_zone.name} (UTC${OFFSET})`;
+
+  // --- the API ---------------------------------------------------------------------------------
+
+  class ApiError extends Error {}
+
+  function csrfToken() {
+    const cookie = document.cookie.split('; ').find((part) => part.startsWith('csrftoken='));
+    return cookie ? decodeURIComponent(cookie.slice('csrftoken='.length)) : config.csrf_token;
+  }
+
+  /** Calls the API; resolves with the JSON body, or rejects with ApiError carrying error.message. */
+  async function api(method, url, body) {
+    const options = {method, credentials: 'same-origin', headers: {Accept: 'application/json'}};
+    if (method !== 'GET') {
+      options.headers['Content-Type'] = 'application/json';
+      options.headers['X-CSRFToken'] = csrfToken();
+      options.body = JSON.stringify(body ?? {});
+    }
+    let response;
+    try {
+      response = await fetch(url, options);
+    } catch {
+      throw new ApiError('The portal could not be reached. Check the connection and try again.');
+    }
+    let data = null;
+    try {
+      data = await response.json();
+    } catch {
+      // Not JSON (a proxy's error page): described by the status below.
+    }
+    if (!response.ok) {
+      const message = data?.error?.message || `The portal answered ${response.status} ${response.statusText}.`;
+      throw new ApiError(message);
+    }
+    return data;
+  }
+
+  const actionUrl = (id, action) => `${config.urls.reservations}${id}/${action}/`;
+
+  // --- messages --------------------------------------------------------------------------------
+
+  let statusTimer;
+
+  function announce(text) {
+    statusEl.textContent = text;
+    clearTimeout(statusTimer);
+    statusTimer = setTimeout(() => { statusEl.textContent = ''; }, 15000);
+  }
+
+  function showPageError(text) {
+    pageErrorEl.textContent = text;
+  }
+
+  function showError(el, text) {
+    el.textContent = text;
+  }
+
+  // --- rows ------------------------------------------------------------------------------------
+
+  let resources = config.resources;
+  let resourcesJson = JSON.stringify(resources);
+  let collapsed = false;  // whether the nodes were last drawn collapsed (see "Crowded ranges")
+  let gpus = new Map();  // GPU id -> {label, node, bookable}
+  let nodeRowOf = new Map();  // "gpu-12" -> "node-3"
+  let rowIds = [];
+
+  function indexResources() {
+    gpus = new Map();
+    nodeRowOf = new Map();
+    rowIds = [];
+    for (const node of resources) {
+      rowIds.push(node.id);
+      for (const gpu of node.children) {
+        rowIds.push(gpu.id);
+        nodeRowOf.set(gpu.id, node.id);
+        gpus.set(gpu.extendedProps.gpu, {...gpu.extendedProps, title: gpu.title});
+      }
+    }
+  }
+  indexResources();
+
+  const rows = () => resources.map((node) => ({...node, expanded: !collapsed}));
+
+  /** New rows from the server, or the same rows collapsed or expanded; otherwise leaves them be. */
+  function setResources(next, collapse) {
+    const json = JSON.stringify(next);
+    if (json === resourcesJson && collapse === collapsed) {
+      return;
+    }
+    resources = next;
+    resourcesJson = json;
+    collapsed = collapse;
+    indexResources();
+    calendar.setOption('resources', rows());
+  }
+
+  const gpuLabel = (id) => gpus.get(id)?.label ?? `GPU #${id}`;
+  // A booking's GPU ids, from its rows ("gpu-12" -> 12).
+  const gpuIdsOf = (event) => event.resourceIds.filter((id) => id.startsWith('gpu-')).map((id) => Number(id.slice(4)));
+  const nodeOf = (event) => gpus.get(gpuIdsOf(event)[0])?.node ?? '';
+
+  // --- events ----------------------------------------------------------------------------------
+
+  async function loadEvents(info) {
+    const params = new URLSearchParams({start: instantOf(info.startStr), end: instantOf(info.endStr)});
+    try {
+      const data = await api('GET', `${config.urls.calendar}?${params}`);
+      showPageError('');
+      const bookings = data.events.filter((event) => event.extendedProps.kind === 'reservation');
+      const crowded = bookings.length > EXPAND_LIMIT;
+      setResources(data.resources, crowded);
+      noteEl.hidden = !crowded;
+      noteEl.textContent = crowded
+        ? `${bookings.length.toLocaleString()} bookings in this range: the nodes start collapsed, with their load ` +
+          'shaded. Expand a node (its + button) to see its GPUs.'
+        : '';
+      return data.events.concat(nodeLoad(bookings), pastShade(info.startStr, data.now));
+    } catch (error) {
+      showPageError(`The calendar could not be loaded: ${error.message}`);
+      throw error;
+    }
+  }
+
+  const isoUtc = (ms) => `${new Date(ms).toISOString().slice(0, 19)}+00:00`;  // EventCalendar reads no "Z"
+
+  /** Each node's load over time, as background events on its row ("3/8 booked"), shaded by share. */
+  function nodeLoad(bookings) {
+    const changes = new Map();  // node row id -> [[ms, +1 | -1], ...]
+    for (const event of bookings) {
+      const start = Date.parse(event.start);
+      const end = Date.parse(event.end);
+      for (const id of event.resourceIds) {
+        const node = nodeRowOf.get(id);
+        if (node) {
+          changes.has(node) || changes.set(node, []);
+          changes.get(node).push([start, 1], [end, -1]);
+        }
+      }
+    }
+    const sizes = new Map(resources.map((node) => [node.id, node.children.length]));
+    const load = [];
+    for (const [node, list] of changes) {
+      list.sort((a, b) => a[0] - b[0] || a[1] - b[1]);  // an end before a start at the same time
+      const total = sizes.get(node) || 1;
+      let count = 0;
+      let since = null;
+      let shown = 0;
+      const close = (at) => {
+        if (shown > 0 && since < at) {
+          load.push({
+            id: `load-${node}-${load.length}`, resourceIds: [node], start: isoUtc(since), end: isoUtc(at),
+            display: 'background', title: `${shown} of ${total} GPUs booked`,
+            classNames: ['load', `load-${Math.min(4, Math.ceil((4 * shown) / total))}`],
+            extendedProps: {kind: 'load', label: `${shown}/${total} booked`},
+          });
+        }
+      };
+      for (let i = 0; i < list.length; i++) {
+        count += list[i][1];
+        const at = list[i][0];
+        if (i + 1 < list.length && list[i + 1][0] === at) {
+          continue;  // settle every change at this moment first
+        }
+        if (count !== shown) {
+          close(at);
+          since = at;
+          shown = count;
+        }
+      }
+    }
+    return load;
+  }
+
+  /** The part of the range before now, shaded on every row (a background event). */
+  function pastShade(startWall, now) {
+    if (Date.parse(now) <= msOf(startWall)) {
+      return [];
+    }
+    return [{
+      id: 'past', start: instantOf(startWall), end: now, resourceIds: rowIds, display: 'background',
+      classNames: ['past'], extendedProps: {kind: 'past'},
+    }];
+  }
+
+  function element(tag, className, text) {
+    const el = document.createElement(tag);
+    el.className = className;
+    el.textContent = text;
+    return el;
+  }
+
+  function describeBooking(event) {
+    const ext = event.extendedProps;
+    const parts = [
+      ext.mine ? 'your booking' : `booked by ${event.title}`,
+      `${nodeOf(event)} ${gpuIdsOf(event).map(gpuLabel).join(', ')}`,
+      formatPeriod(wallOf(event.start), wallOf(event.end)),
+    ];
+    if (ext.status === 'pending') {
+      parts.push('pending approval');
+    }
+    return parts.join(', ');
+  }
+
+  function renderEvent({event, timeText, view}) {
+    const ext = event.extendedProps;
+    if (ext.kind === 'maintenance') {
+      return {domNodes: [element('span', 'maintenance-label', event.title)]};
+    }
+    if (ext.kind === 'load') {
+      return {domNodes: [element('span', 'load-label', ext.label)]};
+    }
+    if (ext.kind !== 'reservation') {
+      return undefined;
+    }
+    const nodes = [];
+    if (view.type === 'resourceTimelineDay' && timeText) {
+      nodes.push(element('span', 'ec-event-time', timeText));
+    }
+    nodes.push(element('span', 'ec-event-title', event.title + (ext.status === 'pending' ? ' (pending)' : '')));
+    nodes.push(element('span', 'sr-only', `: ${describeBooking(event)}`));
+    return {domNodes: nodes};
+  }
+
+  function onEventMounted({el, event}) {
+    const ext = event.extendedProps;
+    if (ext.kind === 'reservation') {
+      el.dataset.reservationId = ext.reservation;
+    } else if (ext.kind === 'maintenance') {
+      el.dataset.maintenanceId = ext.maintenance;
+    }
+  }
+
+  function onEventHover({el, event}) {
+    const ext = event.extendedProps;
+    if (ext.kind === 'reservation') {
+      el.title = describeBooking(event);
+    }
+  }
+
+  // --- booking a slot --------------------------------------------------------------------------
+
+  const booking = {
+    dialog: $('booking-dialog'),
+    form: $('booking-form'),
+    node: $('booking-node'),
+    gpuList: $('booking-gpu-list'),
+    start: $('booking-start'),
+    end: $('booking-end'),
+    when: $('booking-when'),
+    purpose: $('booking-purpose'),
+    error: $('booking-error'),
+    submit: $('booking-submit'),
+  };
+  booking.start.step = booking.end.step = String(config.grid_minutes * 60);
+
+  function fillNodes(selected) {
+    booking.node.replaceChildren(...resources.map((node) => {
+      const option = new Option(node.title, node.extendedProps.node);
+      option.selected = node.extendedProps.node === selected;
+      return option;
+    }));
+  }
+
+  function fillGpus(nodeName, checked) {
+    const node = resources.find((row) => row.extendedProps.node === nodeName);
+    const items = (node?.children ?? []).map((gpu) => {
+      const label = element('label', 'gpu-choice', '');
+      const box = document.createElement('input');
+      box.type = 'checkbox';
+      box.name = 'gpus';
+      box.value = gpu.extendedProps.gpu;
+      box.checked = checked.includes(gpu.extendedProps.gpu);
+      label.append(box, ` ${gpu.title}`);
+      return label;
+    });
+    booking.gpuList.replaceChildren(...(items.length ? items : [element('p', 'help', 'This node has no GPUs.')]));
+  }
+
+  function describeSlot() {
+    const start = booking.start.value;
+    const end = booking.end.value;
+    if (!start || !end || msOf(end) <= msOf(start)) {
+      booking.when.textContent = `Times in ${zoneText}.`;
+      return;
+    }
+    booking.when.textContent = `${formatPeriod(start, end)} (${formatDuration(msOf(end) - msOf(start))}), ${zoneText}.`;
+  }
+
+  let bookingOpener = null;
+
+  function openBooking({node, gpu, startWall, endWall}) {
+    bookingOpener = document.activeElement;
+    const nodeName = node ?? resources.find((row) => row.extendedProps.bookable)?.extendedProps.node;
+    fillNodes(nodeName);
+    fillGpus(booking.node.value, gpu ? [gpu] : []);
+    booking.start.value = toInputValue(startWall);
+    booking.end.value = toInputValue(endWall);
+    booking.purpose.value = '';
+    describeSlot();
+    showError(booking.error, '');
+    booking.dialog.showModal();
+    const firstBox = booking.gpuList.querySelector('input');
+    (gpu ? booking.purpose : (node && firstBox) || booking.node).focus();
+  }
+
+  function onSelect(info) {
+    if (msOf(info.startStr) < floorToGrid(Date.now())) {
+      calendar.unselect();
+      showPageError('Past time cannot be booked: start a booking now or later.');
+      return;
+    }
+    showPageError('');
+    const ext = info.resource?.extendedProps ?? {};
+    openBooking({
+      node: ext.node, gpu: ext.kind === 'gpu' ? ext.gpu : null, startWall: info.startStr, endWall: info.endStr,
+    });
+  }
+
+  booking.node.addEventListener('change', () => fillGpus(booking.node.value, []));
+  booking.start.addEventListener('input', describeSlot);
+  booking.end.addEventListener('input', describeSlot);
+
+  booking.form.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    const chosen = [...booking.gpuList.querySelectorAll('input:checked')].map((box) => Number(box.value));
+    const start = booking.start.value;
+    const end = booking.end.value;
+    if (!chosen.length) {
+      showError(booking.error, 'Choose at least one GPU.');
+      return;
+    }
+    if (!start || !end) {
+      showError(booking.error, 'Give a start and an end.');
+      return;
+    }
+    if (msOf(end) <= msOf(start)) {
+      showError(booking.error, 'The end must be after the start.');
+      return;
+    }
+    showError(booking.error, '');
+    booking.submit.disabled = true;
+    try {
+      const made = await api('POST', config.urls.reservations, {
+        gpus: chosen, start: instantOf(start), end: instantOf(end), purpose: booking.purpose.value,
+      });
+      booking.dialog.close();
+      calendar.refetchEvents();
+      const which = made.gpus.map((gpu) => `GPU ${gpu.index}`).join(', ');
+      const when = formatPeriod(wallAt(made.start), wallAt(made.end));
+      announce(`Booked ${made.node} ${which}, ${when} (#${made.id})` +
+        (made.status === 'pending' ? ': it waits for an admin\'s approval.' : '.'));
+    } catch (error) {
+      showError(booking.error, error.message);
+    } finally {
+      booking.submit.disabled = false;
+    }
+  });
+
+  booking.dialog.addEventListener('close', () => {
+    calendar.unselect();
+    bookingOpener?.focus?.();
+  });
+
+  $('booking-close').addEventListener('click', () => booking.dialog.close());
+
+  $('new-booking').addEventListener('click', () => {
+    const start = floorToGrid(Date.now());
+    openBooking({node: null, gpu: null, startWall: wallAt(start), endWall: wallAt(start + HOUR_MS)});
+  });
+
+  // --- one booking: details and actions --------------------------------------------------------
+
+  const held = {
+    dialog: $('reservation-dialog'),
+    title: $('reservation-title'),
+    details: $('reservation-details'),
+    actions: $('reservation-actions'),
+    adminNote: $('reservation-admin-note'),
+    cancel: $('reservation-cancel'),
+    release: $('reservation-release'),
+    extend: $('reservation-extend'),
+    extendHour: $('reservation-extend-hour'),
+    extendTo: $('reservation-extend-to'),
+    end: $('reservation-end'),
+    error: $('reservation-error'),
+  };
+  held.end.step = String(config.grid_minutes * 60);
+  let current = null;  // {id, ext, startWall, endWall}
+  let heldOpener = null;
+
+  function detail(term, value) {
+    return [element('dt', '', term), element('dd', '', value)];
+  }
+
+  function openReservation(event, opener) {
+    const ext = event.extendedProps;
+    current = {id: ext.reservation, ext, startWall: wallOf(event.start), endWall: wallOf(event.end)};
+    heldOpener = opener;
+    held.title.textContent = ext.mine ? `Your booking #${ext.reservation}` : `Booked by ${event.title}`;
+    const rows = [
+      ...detail('Holder', event.title),
+      ...detail('GPUs', `${nodeOf(event)}: ${gpuIdsOf(event).map(gpuLabel).join(', ')}`),
+      ...detail('When', `${formatPeriod(current.startWall, current.endWall)}, ${zoneText}`),
+    ];
+    if (ext.status === 'pending') {
+      rows.push(...detail('Status', 'Pending approval'));
+    } else if (ext.mine || config.is_admin) {
+      const running = msOf(current.startWall) <= Date.now() && Date.now() < msOf(current.endWall);
+      rows.push(...detail('Status', running ? 'Approved, running now' : 'Approved'));
+    }
+    if (ext.purpose !== null && ext.purpose !== undefined) {
+      rows.push(...detail('Purpose', ext.purpose || '—'));
+    }
+    held.details.replaceChildren(...rows);
+
+    const acts = ext.can_cancel || ext.can_release || ext.can_extend;
+    held.actions.hidden = !acts;
+    held.adminNote.hidden = ext.mine || !config.is_admin;
+    held.cancel.hidden = !ext.can_cancel;
+    held.release.hidden = !ext.can_release;
+    held.extend.hidden = !ext.can_extend;
+    held.end.min = toInputValue(current.endWall);
+    held.end.value = toInputValue(wallAt(msOf(current.endWall) + HOUR_MS));
+    showError(held.error, '');
+    held.dialog.showModal();
+    // The heading, not a button: the key that opened the dialog must not land on "Release now".
+    held.title.focus();
+  }
+
+  function onEventClick({event, el, jsEvent}) {
+    if (event.extendedProps.kind === 'reservation') {
+      // Opened with Enter: without this, the same key's keypress would activate whatever has the
+      // focus next.
+      if (jsEvent?.type === 'keydown') {
+        jsEvent.preventDefault();
+      }
+      openReservation(event, el);
+    }
+  }
+
+  async function act(action, body, done) {
+    const buttons = held.dialog.querySelectorAll('button');
+    showError(held.error, '');
+    buttons.forEach((button) => { button.disabled = true; });
+    try {
+      const result = await api('POST', actionUrl(current.id, action), body);
+      held.dialog.close();
+      calendar.refetchEvents();
+      announce(done(result));
+    } catch (error) {
+      showError(held.error, error.message);
+    } finally {
+      buttons.forEach((button) => { button.disabled = false; });
+    }
+  }
+
+  const endsAt = (result) => formatWall(wallAt(result.end));
+
+  held.cancel.addEventListener('click', () => act('cancel', {}, (r) => `Booking #${r.id} cancelled.`));
+  held.release.addEventListener('click', () => act('release', {}, (r) => `Booking #${r.id} released at ${endsAt(r)}.`));
+  held.extendHour.addEventListener('click', () => {
+    const end = new Date(msOf(current.endWall) + HOUR_MS).toISOString();
+    act('extend', {end}, (r) => `Booking #${r.id} now ends ${endsAt(r)} (extended).`);
+  });
+  held.extendTo.addEventListener('click', () => {
+    if (!held.end.value) {
+      showError(held.error, 'Give the new end.');
+      return;
+    }
+    act('extend', {end: instantOf(held.end.value)}, (r) => `Booking #${r.id} now ends ${endsAt(r)} (extended).`);
+  });
+  $('reservation-close').addEventListener('click', () => held.dialog.close());
+  held.dialog.addEventListener('close', () => {
+    if (heldOpener?.isConnected) {
+      heldOpener.focus();
+    }
+  });
+
+  /** Dragging the end of a booking extends it; a refusal puts the end back and says why. */
+  async function onResize(info) {
+    const ext = info.event.extendedProps;
+    const end = instantOf(wallOf(info.event.end));
+    if (!ext.can_extend || Date.parse(end) <= msOf(wallOf(info.oldEvent.end))) {
+      info.revert();
+      return;
+    }
+    try {
+      const result = await api('POST', actionUrl(ext.reservation, 'extend'), {end});
+      showPageError('');
+      announce(`Booking #${result.id} now ends ${endsAt(result)} (extended).`);
+      calendar.refetchEvents();
+    } catch (error) {
+      info.revert();
+      showPageError(`Booking #${ext.reservation} was not extended: ${error.message}`);
+    }
+  }
+
+  // --- the calendar ----------------------------------------------------------------------------
+
+  function savedView() {
+    try {
+      const view = localStorage.getItem(VIEW_KEY);
+      return VIEWS.includes(view) ? view : VIEWS[0];
+    } catch {
+      return VIEWS[0];
+    }
+  }
+
+  const nowWall = wallAt(Date.now());
+  const grid = {minutes: config.grid_minutes};
+
+  const calendar = EventCalendar.create(calendarEl, {
+    view: savedView(),
+    headerToolbar: {start: 'prev,next today', center: 'title', end: VIEWS.join(',')},
+    buttonText: (text) => ({...text, today: 'Today', resourceTimelineDay: 'Day', resourceTimelineWeek: 'Week'}),
+    timeZone: OFFSET,
+    firstDay: 1,
+    height: 'max(28rem, calc(100vh - 15rem))',
+    resources: rows(),
+    eventSources: [{events: loadEvents}],
+    nowIndicator: true,
+    scrollTime: `${pad(Math.max(0, Number(nowWall.slice(11, 13)) - 2))}:00:00`,
+    slotDuration: grid,
+    snapDuration: grid,
+    slotLabelFormat: {hour: '2-digit', minute: '2-digit', hourCycle: 'h23'},
+    eventTimeFormat: {hour: '2-digit', minute: '2-digit', hourCycle: 'h23'},
+    views: {
+      resourceTimelineDay: {slotDuration: grid, slotWidth: 14, slotLabelInterval: '01:00'},
+      resourceTimelineWeek: {
+        slotDuration: '01:00', slotWidth: 12, slotLabelInterval: '06:00',
+        dayHeaderFormat: {weekday: 'short', day: 'numeric', month: 'short'},
+      },
+    },
+    selectable: true,
+    selectConstraint: (info) => msOf(info.startStr) >= floorToGrid(Date.now()),
+    select: onSelect,
+    unselectCancel: '.calendar-dialog',
+    // Nothing can be moved; whether an end can be dragged is each event's own `editable` (the API sets
+    // it on the bookings one may extend): null here defers to it.
+    editable: false,
+    eventStartEditable: false,
+    eventDurationEditable: null,
+    resizeConstraint: (info) => info.event.end >= info.oldEvent.end,
+    eventResize: onResize,
+    eventClick: onEventClick,
+    eventClassNames: ({event}) => (event.extendedProps.kind === 'reservation' ? ['booking'] : []),
+    eventContent: renderEvent,
+    eventDidMount: onEventMounted,
+    eventMouseEnter: onEventHover,
+    loading: (busy) => calendarEl.setAttribute('aria-busy', String(busy)),
+    datesSet: (info) => {
+      try {
+        localStorage.setItem(VIEW_KEY, info.view.type);
+      } catch {
+        // Storage may be off; the day view is the default then.
+      }
+    },
+  });
+
+  // Keep others' bookings and the shaded past current while the page stays open.
+  setInterval(() => {
+    if (!document.hidden && !booking.dialog.open && !held.dialog.open) {
+      calendar.refetchEvents();
+    }
+  }, REFRESH_MS);
+})();

@@ -1,0 +1,179 @@
+"""Booking in the calendar as a person does it: drag across the hours of a GPU row, confirm,
+see the booking; a conflict is explained in words; release, extend and drag-to-extend work;
+an admin approves a pending request and the researcher sees it approved."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, time, timedelta
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import Page, expect
+
+from reservations.models import Allocation, Reservation
+from reservations.services import reservation_create
+from reservations.timegrid import ceil_to_grid
+from tests.browser.conftest import log_in, save_screenshot
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def tomorrow_at(hour: int) -> datetime:
+    day = (timezone.now() + timedelta(days=1)).date()
+    return datetime.combine(day, time(hour), tzinfo=UTC)
+
+
+def open_tomorrow(page: Page) -> None:
+    """Go to tomorrow and wait until it is drawn and its bookings are loaded."""
+    day = tomorrow_at(0)
+    page.get_by_role("button", name="Next day").click()
+    expect(page.locator(".ec-title")).to_have_text(f"{day:%B} {day.day}, {day.year}")
+    expect(page.locator("#calendar")).to_have_attribute("aria-busy", "false")
+
+
+def slot_x(page: Page, label: str) -> float:
+    """The left edge of the time column labelled ``label`` (like "10:00") in the header."""
+    slot = page.locator(".ec-header .ec-slot", has_text=re.compile(rf"^{label}$")).first
+    slot.scroll_into_view_if_needed()
+    return slot.bounding_box()["x"]
+
+
+def row_y(page: Page, gpu_index: int) -> float:
+    head = page.get_by_role("rowheader", name=re.compile(rf"^GPU {gpu_index} ·"))
+    box = head.bounding_box()
+    return box["y"] + box["height"] / 2
+
+
+def drag(page: Page, gpu_index: int, start: str, end: str, *, backwards: bool = False) -> None:
+    """Select start..end on the GPU's row: press at one end, move to the other, release.
+    ``backwards`` starts at the end (so the press lands on free time when the start is booked)."""
+    y = row_y(page, gpu_index)
+    x0, x1 = slot_x(page, start) + 2, slot_x(page, end) - 2
+    if backwards:
+        x0, x1 = x1, x0
+    page.mouse.move(x0, y)
+    page.mouse.down()
+    page.mouse.move((x0 + x1) / 2, y, steps=5)
+    page.mouse.move(x1, y, steps=5)
+    page.mouse.up()
+
+
+def event(page: Page, reservation: Reservation):
+    return page.locator(f'.ec-event[data-reservation-id="{reservation.pk}"]').first
+
+
+def running_booking(user, gpu, hours: float = 2) -> Reservation:
+    """A slot that started a minute ago and ends on the booking grid (written directly: the rules
+    forbid booking the past)."""
+    now = timezone.now().replace(microsecond=0)
+    booking = Reservation.objects.create(
+        user=user,
+        node=gpu.node,
+        start=now - timedelta(minutes=1),
+        end=ceil_to_grid(now + timedelta(hours=hours)),
+        status=Reservation.Status.APPROVED,
+        created_by=user,
+    )
+    Allocation.objects.create(reservation=booking, gpu=gpu, start=booking.start, end=booking.end)
+    return booking
+
+
+def test_drag_across_the_hours_of_a_gpu_then_confirm_books_it(page, live_server, alice, gpus, screenshot):
+    log_in(page, live_server, "alice")
+    open_tomorrow(page)
+
+    drag(page, 1, "10:00", "12:00")
+    dialog = page.locator("#booking-dialog")
+    expect(dialog).to_be_visible()
+    page.locator("#booking-purpose").fill("fine-tuning")
+    screenshot("dialog")
+    dialog.get_by_role("button", name="Book").click()
+
+    expect(dialog).to_be_hidden()
+    expect(page.locator("#calendar-status")).to_contain_text("Booked")
+    booking = Reservation.objects.get(user=alice)
+    assert (booking.start, booking.end) == (tomorrow_at(10), tomorrow_at(12))
+    assert [a.gpu.index for a in booking.allocations.all()] == [1]
+    assert booking.purpose == "fine-tuning"
+    expect(event(page, booking)).to_contain_text("alice")
+    screenshot("booked")
+
+
+def test_a_conflicting_selection_shows_the_conflict_and_books_nothing(page, live_server, alice, bob, gpus, screenshot):
+    reservation_create(user=bob, gpus=[gpus[1]], start=tomorrow_at(10), end=tomorrow_at(12))
+    log_in(page, live_server, "alice")
+    open_tomorrow(page)
+
+    drag(page, 1, "11:00", "13:00", backwards=True)  # 11:00-12:00 is bob's
+    dialog = page.locator("#booking-dialog")
+    expect(dialog).to_be_visible()
+    dialog.get_by_role("button", name="Book").click()
+
+    error = page.locator("#booking-error")
+    expect(error).to_contain_text(re.compile(r"is booked .* by bob"))
+    expect(dialog).to_be_visible()  # still open, so the person can change the slot
+    screenshot("conflict")
+    assert not Reservation.objects.filter(user=alice).exists()
+
+
+def test_release_and_extend_a_running_booking(page, live_server, alice, gpus, screenshot):
+    booking = running_booking(alice, gpus[0])
+    end = booking.end
+    log_in(page, live_server, "alice")
+
+    event(page, booking).click()
+    dialog = page.locator("#reservation-dialog")
+    expect(dialog).to_be_visible()
+    screenshot("details")
+    dialog.get_by_role("button", name="+1 hour").click()
+    expect(page.locator("#calendar-status")).to_contain_text(re.compile(rf"Booking #{booking.pk}\b.* now ends"))
+    booking.refresh_from_db()
+    assert booking.end == end + timedelta(hours=1)
+
+    event(page, booking).click()
+    expect(dialog).to_be_visible()
+    dialog.get_by_role("button", name="Release now").click()
+    expect(page.locator("#calendar-status")).to_contain_text(f"Booking #{booking.pk} released")
+    booking.refresh_from_db()
+    assert booking.released_at is not None and booking.end <= timezone.now() + timedelta(seconds=1)
+
+
+def test_dragging_the_end_of_an_own_booking_extends_it(page, live_server, alice, gpus):
+    booking = reservation_create(user=alice, gpus=[gpus[2]], start=tomorrow_at(10), end=tomorrow_at(11))
+    log_in(page, live_server, "alice")
+    open_tomorrow(page)
+
+    box = event(page, booking).bounding_box()
+    resizer_x, y = box["x"] + box["width"] - 2, box["y"] + box["height"] / 2
+    target = slot_x(page, "13:00") - 2
+    page.mouse.move(resizer_x, y)
+    page.mouse.down()
+    page.mouse.move(target, y, steps=8)
+    page.mouse.up()
+
+    expect(page.locator("#calendar-status")).to_contain_text(re.compile(rf"Booking #{booking.pk}\b.* now ends"))
+    booking.refresh_from_db()
+    assert booking.end == tomorrow_at(13)
+
+
+def test_an_admin_approves_a_pending_request_and_the_researcher_sees_it(browser, live_server, alice, carol, node, gpus):
+    node.requires_approval = True
+    node.save()
+    pending = reservation_create(user=alice, gpus=[gpus[0]], start=tomorrow_at(10), end=tomorrow_at(12))
+    assert pending.status == Reservation.Status.PENDING
+
+    admin = browser.new_page()
+    log_in(admin, live_server, "carol")
+    admin.get_by_role("link", name="Approvals").click()
+    admin.get_by_role("button", name=f"Approve #{pending.pk}").click()
+    expect(admin.locator(".messages")).to_contain_text("approved")
+
+    researcher = browser.new_page()
+    log_in(researcher, live_server, "alice")
+    researcher.get_by_role("link", name="My reservations").click()
+    row = researcher.locator("tr", has_text=f"#{pending.pk}")
+    expect(row).to_contain_text("approved")
+    save_screenshot(researcher, "admin-approval-seen-by-researcher")
+    pending.refresh_from_db()
+    assert pending.status == Reservation.Status.APPROVED
