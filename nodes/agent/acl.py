@@ -18,6 +18,7 @@ import pwd
 import shutil
 import struct
 import subprocess
+from collections.abc import Sequence
 
 from nodes.agent.usernames import valid_username
 
@@ -45,6 +46,20 @@ def revoke(path: str, user: str) -> None:
     """
     _check_user(user, deleted_ok=True)
     _setfacl(["-x", f"u:{user}", "--", path], path=path, user=user, action="revoke")
+
+
+def change(path: str, *, revoke: Sequence[str] = (), grant: Sequence[str] = ()) -> None:
+    """Remove and add entries in one setfacl call: one process instead of several, and the file
+    never shows both the old and the new holder of a hand-over. All or nothing: if any part
+    fails (an unknown user), nothing changes, and the caller falls back to one call each."""
+    for user in revoke:
+        _check_user(user, deleted_ok=True)
+    for user in grant:
+        _check_user(user, deleted_ok=False)
+    args = [arg for user in revoke for arg in ("-x", f"u:{user}")]
+    args += [arg for user in grant for arg in ("-m", f"u:{user}:rw")]
+    if args:
+        _setfacl([*args, "--", path], path=path, user=",".join([*revoke, *grant]), action="change")
 
 
 def granted_users(path: str) -> set[str]:

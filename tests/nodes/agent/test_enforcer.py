@@ -254,10 +254,14 @@ def test_a_hand_over_revokes_before_it_grants(node, unix_users):
 
     assert acl_users(node.device(0)) == {b}
     assert acl_users(node.device(1)) == {b}
-    assert node.kinds() == ["revoked", "granted", "granted"]
-    assert node.events[0] == ("revoked", {"gpu": g0, "user": a, "reservation": 1, "boundary": T1.isoformat()})
-    assert sorted((fields["gpu"], fields["user"]) for _, fields in node.events[1:]) == sorted([(g0, b), (g1, b)])
-    assert all(fields["reservation"] == 2 and fields["boundary"] == T1.isoformat() for _, fields in node.events[1:])
+    assert sorted(node.kinds()) == ["granted", "granted", "revoked"]  # GPUs change side by side
+    revoked = next(event for event in node.events if event[0] == "revoked")
+    assert revoked == ("revoked", {"gpu": g0, "user": a, "reservation": 1, "boundary": T1.isoformat()})
+    granted = [fields for kind, fields in node.events if kind == "granted"]
+    assert sorted((fields["gpu"], fields["user"]) for fields in granted) == sorted([(g0, b), (g1, b)])
+    assert all(fields["reservation"] == 2 and fields["boundary"] == T1.isoformat() for fields in granted)
+    on_g0 = [kind for kind, fields in node.events if fields["gpu"] == g0]
+    assert on_g0 == ["revoked", "granted"]  # on one GPU, one setfacl: never both holders at once
     assert node.enforcer.acls_in_force() == {g0: [b], g1: [b]}
     assert node.enforcer.next_boundary(T1) == T1 + timedelta(seconds=GRACE)  # A's leftovers get cleaned up
 
@@ -353,6 +357,20 @@ def test_granting_to_a_user_the_node_lacks_is_reported_once_and_others_still_get
     assert acl_users(node.device(1)) == {a}
 
 
+def test_a_hand_over_to_a_user_the_node_lacks_still_revokes_the_previous_holder(node, unix_users):
+    a = unix_users[0].name
+    ghost = f"gpbt_ghost{secrets.token_hex(3)}"
+    g0, _ = node.gpus
+    node.enforcer.offer(node.snapshot([lease(1, a, [g0], T0, T1), lease(2, ghost, [g0], T1, T2)]))
+    node.enforcer.converge(T0)
+    assert acl_users(node.device(0)) == {a}
+
+    node.enforcer.converge(T1)  # the joint call fails on the unknown name; the revoke goes through alone
+
+    assert acl_users(node.device(0)) == set()
+    assert [kind for kind, _ in node.events if kind in ("revoked", "grant_failed")] == ["revoked", "grant_failed"]
+
+
 def test_a_grant_failure_is_reported_again_after_a_new_snapshot(node, unix_users):
     ghost = f"gpbt_ghost{secrets.token_hex(3)}"
     node.enforcer.offer(node.snapshot([lease(1, ghost, [node.gpus[0]], T0, T1)], version=1))
@@ -361,3 +379,17 @@ def test_a_grant_failure_is_reported_again_after_a_new_snapshot(node, unix_users
     node.enforcer.converge(T0)
 
     assert node.kinds().count("grant_failed") == 2
+
+
+def test_a_boundary_that_falls_during_a_pass_is_enforced_at_once_not_at_the_next_one(node, unix_users):
+    a = unix_users[0].name
+    g0, _ = node.gpus
+    soon, later = T0 + timedelta(milliseconds=2), T0 + timedelta(seconds=3)
+    node.enforcer.offer(node.snapshot([lease(1, a, [g0], soon, later)]))
+    node.enforcer.converge(T0)  # enforced the state at T0 ...
+    node.clock.now = T0 + timedelta(milliseconds=5)  # ... and the pass took 5 ms: ``soon`` is behind us
+
+    assert node.enforcer.seconds_to_next_pass(T0, until_reconcile=5.0) == node.enforcer.MIN_WAIT
+    node.enforcer.converge(node.clock.now)
+    assert acl_users(node.device(0)) == {a}
+    assert node.enforcer.seconds_to_next_pass(node.clock.now, until_reconcile=5.0) == pytest.approx(2.995)
