@@ -19,4 +19,7 @@ class UserTimezoneMiddleware:
             timezone.activate(ZoneInfo(zone))
         else:
             timezone.deactivate()
-        return self.get_response(request)
+        try:
+            return self.get_response(request)
+        finally:
+            timezone.deactivate()  # nothing after the response (or another request on this thread) inherits it

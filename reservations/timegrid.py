@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
+from django.utils import timezone
 
 
 def grid() -> timedelta:
@@ -24,15 +25,20 @@ def ceil_to_grid(moment: datetime) -> datetime:
     return floored if floored == moment else floored + grid()
 
 
+# Messages name times in the zone of whoever reads them: the middleware activates the user's zone
+# for pages; API calls with a token (authenticated after the middleware) read UTC.
+
+
 def format_moment(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    local = timezone.localtime(moment)
+    return f"{local:%Y-%m-%d %H:%M} {local.tzname()}"
 
 
 def format_period(start: datetime, end: datetime) -> str:
-    start_utc, end_utc = start.astimezone(UTC), end.astimezone(UTC)
-    if start_utc.date() == end_utc.date():
-        return f"{start_utc:%Y-%m-%d %H:%M}–{end_utc:%H:%M} UTC"
-    return f"{start_utc:%Y-%m-%d %H:%M} – {end_utc:%Y-%m-%d %H:%M} UTC"
+    local_start, local_end = timezone.localtime(start), timezone.localtime(end)
+    if local_start.date() == local_end.date() and local_start.tzname() == local_end.tzname():
+        return f"{local_start:%Y-%m-%d %H:%M}–{local_end:%H:%M} {local_end.tzname()}"
+    return f"{local_start:%Y-%m-%d %H:%M} {local_start.tzname()} – {local_end:%Y-%m-%d %H:%M} {local_end.tzname()}"
 
 
 def hours(delta: timedelta) -> float:

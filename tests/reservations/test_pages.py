@@ -10,6 +10,7 @@ from django.urls import reverse
 
 from reservations.models import Reservation
 from reservations.services import reservation_cancel, reservation_create, reservation_reject
+from tests.api_helpers import client_for
 from tests.conftest import MONDAY_9, at
 from tests.factories import node_with_gpus
 
@@ -342,3 +343,21 @@ def test_times_are_shown_in_the_users_time_zone(alice, gpus):
     assert "Times are in Europe/Berlin" in html
     assert "Mon 7 Jan 2030, 10:00 –\n          12:00" in html
     assert 'value="2030-01-07T12:00"' in html  # the extend form's end, in the same zone
+
+
+def test_a_refusal_names_times_in_the_readers_zone(alice, bob, gpus, clock):
+    alice.timezone = "Europe/Berlin"
+    alice.save()
+    theirs = reservation_create(user=bob, gpus=gpus[:1], start=at(2), end=at(3))
+    mine = reservation_create(user=alice, gpus=gpus[:1], start=at(1), end=at(2))
+
+    page = logged_in(alice).post(act(mine, "extend"), {"hours": "1"}, follow=True)
+    (message,) = flashed(page)
+    assert f"booked 2030-01-07 12:00–13:00 CET by bob (reservation #{theirs.pk})" in message
+
+    # A script with a token reads UTC (its zone is not the browser's).
+    response = client_for(alice).post(
+        f"/api/v1/reservations/{mine.pk}/extend/", {"end": at(3).isoformat()}, format="json"
+    )
+    assert "booked 2030-01-07 11:00–12:00 UTC by bob" in response.json()["error"]["message"]
+    assert snapshot(mine)[2] == at(2)
