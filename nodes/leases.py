@@ -7,17 +7,20 @@ reservations become leases; a pending booking holds its slot but opens no GPU.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Value
+from django.db.models.functions import Greatest
 
 from nodes.agent.signing import signed
 from nodes.models import Node
 from reservations.models import Allocation, Reservation
 
 LEASE_HORIZON = timedelta(hours=24)
+log = logging.getLogger(__name__)
 
 
 def node_leases(*, node: Node, now: datetime) -> list[dict[str, Any]]:
@@ -35,11 +38,16 @@ def node_leases(*, node: Node, now: datetime) -> list[dict[str, Any]]:
     )
     leases: dict[int, dict[str, Any]] = {}
     for allocation in rows:
+        username = allocation.reservation.user.unix_username
+        if not username:
+            # One lease the agent would refuse must not freeze the whole node's snapshot.
+            log.warning("reservation %s has no unix username; left out of %s's leases", allocation.reservation_id, node)
+            continue
         lease = leases.setdefault(
             allocation.reservation_id,
             {
                 "reservation": allocation.reservation_id,
-                "user": allocation.reservation.user.unix_username,
+                "user": username,
                 "gpus": [],
                 "start": allocation.start.isoformat(),
                 "end": allocation.end.isoformat(),
@@ -52,7 +60,10 @@ def node_leases(*, node: Node, now: datetime) -> list[dict[str, Any]]:
 def node_snapshot(*, node: Node, now: datetime) -> dict[str, Any]:
     """The signed snapshot for ``node``, with a version higher than any sent before."""
     with transaction.atomic():
-        Node.objects.filter(pk=node.pk).update(lease_version=F("lease_version") + 1)
+        # At least the clock in milliseconds: after a database restore lowers the counter, the next
+        # snapshot is still newer than anything the agent holds, instead of refused for weeks.
+        floor = int(now.timestamp() * 1000)
+        Node.objects.filter(pk=node.pk).update(lease_version=Greatest(F("lease_version") + 1, Value(floor)))
         current = Node.objects.only("name", "lease_secret", "lease_version").get(pk=node.pk)
         snapshot = {
             "node": current.name,

@@ -72,7 +72,7 @@ def granted_users(path: str) -> set[str]:
     ``tag:u16, perm:u16, id:u32``, little-endian; named users have tag ACL_USER (0x02).
     """
     try:
-        raw = os.getxattr(path, ACCESS_XATTR)
+        raw = os.getxattr(path, ACCESS_XATTR, follow_symlinks=False)
     except OSError as error:
         if error.errno == errno.ENODATA:  # no extended ACL: nobody is named
             return set()
@@ -117,7 +117,9 @@ def _check_user(user: object, *, deleted_ok: bool) -> None:
 
 def _setfacl(args: list[str], *, path: str, user: str, action: str) -> None:
     setfacl = _tool("setfacl")
-    result = _run([setfacl, *args])
+    # -P: never follow a symlink, so a link planted in a writable device directory cannot turn
+    # a grant into an ACL on some other file.
+    result = _run([setfacl, "-P", *args])
     if result.returncode == 0:
         return
     message = _message(result)

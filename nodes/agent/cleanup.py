@@ -24,8 +24,6 @@ from nodes.agent import procfs
 
 log = logging.getLogger(__name__)
 
-COMM_LEN = 15  # the kernel keeps 15 characters of a process name: "nvidia-persistenced" reads "nvidia-persiste"
-
 
 @dataclass(frozen=True)
 class Holder:
@@ -53,15 +51,17 @@ def describe(pids: Iterable[int]) -> list[Holder]:
     return holders
 
 
-def protected(holder: Holder, *, allow_names: frozenset[str], own_pid: int, uid_min: int) -> bool:
-    """Processes the agent never ends: root's, system accounts', its own, and allow-listed daemons.
+def protected(holder: Holder, *, allow_users: frozenset[str], own_pid: int, uid_min: int) -> bool:
+    """Processes the agent never ends: root's, system accounts', its own, and those of allow-listed
+    accounts (a monitoring daemon that runs under a normal uid).
 
-    Names are the kernel's short names, which any process can set for itself: the allow list is
-    for daemons that run under normal uids, not a security boundary.
+    By account, never by process name: any process can rename itself ("nvidia-smi"), so a name
+    list would let a user keep a GPU past their slot. Daemons such as nvidia-persistenced and
+    DCGM run as root or system accounts, which are protected anyway.
     """
     if holder.uid == 0 or holder.uid < uid_min or holder.pid == own_pid:
         return True
-    return holder.name is not None and holder.name in {name[:COMM_LEN] for name in allow_names}
+    return holder.user is not None and holder.user in allow_users
 
 
 def terminate(

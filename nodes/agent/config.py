@@ -11,14 +11,13 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 DEFAULT_CONFIG_FILE = "/etc/gpubook/agent.conf"
 ENV_PREFIX = "GPUBOOK_"
 NODE_NAME_RE = re.compile(r"\A[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
-DEFAULT_PROTECTED = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "nvidia-smi")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # Far beyond any sensible period, yet well inside what timedelta and threading timeouts accept: a larger
 # value would raise OverflowError inside the enforcer's or the reporter's thread and stop it.
@@ -45,7 +44,7 @@ class AgentConfig:
     heartbeat_seconds: float = 10.0
     telemetry_seconds: float = 5.0
     end_violations: bool = False
-    protected_processes: frozenset[str] = field(default_factory=lambda: frozenset(DEFAULT_PROTECTED))
+    protected_users: frozenset[str] = frozenset()
     ca_file: str = ""
     log_level: str = "INFO"
 
@@ -69,7 +68,7 @@ _STRINGS = {
     "CA_FILE": "ca_file",
     "LOG_LEVEL": "log_level",
 }
-_KNOWN = set(_REQUIRED) | set(_FLOATS) | set(_STRINGS) | {"SIMULATED_GPUS", "END_VIOLATIONS", "PROTECTED_PROCESSES"}
+_KNOWN = set(_REQUIRED) | set(_FLOATS) | set(_STRINGS) | {"SIMULATED_GPUS", "END_VIOLATIONS", "PROTECTED_USERS"}
 
 
 def read_config_file(path: str | Path) -> dict[str, str]:
@@ -139,9 +138,9 @@ def config_from_values(values: Mapping[str, str]) -> AgentConfig:
         kwargs["simulated_gpus"] = _positive_int("SIMULATED_GPUS", values["SIMULATED_GPUS"])
     if values.get("END_VIOLATIONS"):
         kwargs["end_violations"] = _boolean("END_VIOLATIONS", values["END_VIOLATIONS"])
-    if "PROTECTED_PROCESSES" in values:
-        names = {item.strip() for item in values["PROTECTED_PROCESSES"].split(",") if item.strip()}
-        kwargs["protected_processes"] = frozenset(names)
+    if values.get("PROTECTED_USERS"):
+        names = {item.strip() for item in values["PROTECTED_USERS"].split(",") if item.strip()}
+        kwargs["protected_users"] = frozenset(names)
     if kwargs.get("backend", "nvml") not in ("nvml", "simulated"):
         raise ConfigError(f"BACKEND must be nvml or simulated, not {kwargs['backend']!r}")
     if str(kwargs.get("log_level", AgentConfig.log_level)).upper() not in LOG_LEVELS:

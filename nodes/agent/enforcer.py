@@ -36,6 +36,10 @@ from nodes.agent.store import SnapshotStore
 log = logging.getLogger(__name__)
 
 Report = Callable[..., None]  # report(kind, **fields): one event for the portal
+RECENT_REVOCATION = timedelta(hours=24)
+REFUSAL_REPORT_INTERVAL = (
+    60.0  # seconds between two reports of the same refusal  # how long a revoked holder's processes count as leftovers
+)
 
 
 def utcnow() -> datetime:
@@ -80,6 +84,12 @@ class Enforcer:
         self._granted: dict[str, set[str]] = {uuid: set() for uuid in self.paths}
         self._cleanups: dict[tuple[str, str], datetime] = {}  # (gpu, user) -> when to end what is left
         self._cleaning: set[tuple[str, str]] = set()  # handed to the checker, not finished yet
+        # Every revocation of the last day, kept on disk: whatever its holder still runs on that GPU
+        # after the grace period is a leftover to end (not a mere violation), even after a restart
+        # and even if it turns up later (a forked child, a descriptor passed on).
+        self._revoked_at: dict[tuple[str, str], datetime] = {}
+        self._revocations_dirty = False
+        self._refusals_reported: dict[str, float] = {}
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._check_pending = threading.Event()
         self._violations_seen: set[tuple[str, int]] = set()
@@ -105,14 +115,13 @@ class Enforcer:
             snapshot = parse_snapshot(raw, node_name=self.config.node_name, secret=self.config.lease_secret)
         except SnapshotRefused as refusal:
             log.warning("snapshot refused: %s", refusal)
-            self.report("snapshot_refused", message=str(refusal))
+            self._report_refusal(str(refusal))
             return "refused"
         with self._lock:
             current = self.applied_version
             if snapshot.version <= current:
                 if snapshot.version < current:
-                    message = f"version {snapshot.version} is older than the applied version {current}"
-                    self.report("snapshot_refused", message=message)
+                    self._report_refusal(f"version {snapshot.version} is older than the applied version {current}")
                 return "stale"
             try:
                 self.store.save(snapshot.raw)
@@ -127,8 +136,21 @@ class Enforcer:
         self._wake.set()
         return "applied"
 
+    def _report_refusal(self, message: str) -> None:
+        """Report a refused snapshot, at most once a minute per reason: anyone holding the broker URL
+        can send junk, and it must not flood the event buffer or the portal."""
+        last = self._refusals_reported.get(message)
+        if last is not None and time.monotonic() - last < REFUSAL_REPORT_INTERVAL:
+            return
+        if len(self._refusals_reported) > 1000:
+            self._refusals_reported.clear()
+        self._refusals_reported[message] = time.monotonic()
+        self.report("snapshot_refused", message=message)
+
     def restore(self) -> None:
-        """Load the stored snapshot (verified again), so enforcement resumes before any message."""
+        """Load the stored snapshot (verified again), so enforcement resumes before any message,
+        and the recent revocations, so their leftovers are still ended."""
+        self._revoked_at = self.store.load_revocations()
         raw = self.store.load()
         if raw is None:
             return
@@ -184,6 +206,21 @@ class Enforcer:
         elif changes:
             list(self._pool.map(lambda change: self._change(*change, now), changes))
 
+    def revoke_all(self) -> None:
+        """On a clean stop: take every grant back. With no agent running nothing would end a slot,
+        so a stopped agent leaves the GPUs closed (fail closed); a restart restores what the stored
+        snapshot allows within a second."""
+        now = self.clock()
+        for uuid, path in self.paths.items():
+            try:
+                users = acl.granted_users(path)
+            except acl.AclError as error:
+                log.error("cannot read %s to revoke it: %s", path, error)
+                continue
+            if users:
+                self._change(uuid, sorted(users), [], now)
+        self._persist_revocations(now)
+
     def _change(self, uuid: str, revokes: list[str], grants: list[str], now: datetime) -> None:
         """One GPU's revokes and grants together; if that fails, one at a time, revokes first, so
         a name the node does not know never holds up a revocation."""
@@ -215,7 +252,19 @@ class Enforcer:
     def startup(self) -> None:
         """Restore the stored snapshot and remove every grant it does not back, before anything else."""
         self.restore()
-        self.reconcile(self.clock())
+        now = self.clock()
+        # Leases of the stored snapshot that ended while the agent was away count as revoked then,
+        # in case the agent died before it could write that down.
+        snapshot = self._snapshot
+        for lease in snapshot.leases if snapshot else ():
+            if lease.end <= now:
+                for uuid in lease.gpus:
+                    self._revoked_at.setdefault((uuid, lease.user), lease.end)
+        grace = timedelta(seconds=self.config.grace_seconds)
+        for key, at in self._revoked_at.items():
+            if at + grace > now and key[0] in self.paths:
+                self._cleanups[key] = at + grace
+        self.reconcile(now)
 
     def _grant(self, uuid: str, user: str, now: datetime) -> None:
         try:
@@ -242,6 +291,8 @@ class Enforcer:
         self._granted[uuid].discard(user)
         if not user.isdigit():  # an entry left for a deleted account has no processes to end
             self._cleanups[(uuid, user)] = now + timedelta(seconds=self.config.grace_seconds)
+            self._revoked_at[(uuid, user)] = now
+            self._revocations_dirty = True  # written by the checker, off the boundary path
         self.report("revoked", gpu=uuid, user=user, **self._lease_fields(uuid, user, now, starting=False))
 
     def _lease_fields(self, uuid: str, user: str, now: datetime, *, starting: bool) -> dict[str, Any]:
@@ -274,7 +325,7 @@ class Enforcer:
 
     def _protected(self, holder: cleanup.Holder) -> bool:
         return cleanup.protected(
-            holder, allow_names=self.config.protected_processes, own_pid=os.getpid(), uid_min=self._uid_min
+            holder, allow_users=self.config.protected_users, own_pid=os.getpid(), uid_min=self._uid_min
         )
 
     def check_holders(self, now: datetime) -> None:
@@ -286,18 +337,35 @@ class Enforcer:
                 live.add((uuid, holder.pid))
                 key = (uuid, holder.user or "")
                 if holder.user in wanted[uuid] or key in self._cleanups or key in self._cleaning:
-                    continue  # allowed, or a leftover within its grace period
+                    continue  # allowed, or a leftover within its grace period (or being ended)
                 if (uuid, holder.pid) in self._violations_seen:
+                    continue  # reported already (as a violation, or as unkillable)
+                if key in self._revoked_at:  # the grace is over: a leftover, ended whatever the policy
+                    self._cleaning.add(key)
+                    self._jobs.put(Job("expired", gpu=uuid, user=key[1]))
                     continue
                 self._violations_seen.add((uuid, holder.pid))
                 self.report("violation", gpu=uuid, user=holder.user, pid=holder.pid, process=holder.name)
                 if self.config.end_violations:
                     self._end(uuid, holder.user or "", (holder.pid,))
         self._violations_seen &= live
+        self._persist_revocations(now)
         for uuid in list(self.drained):
             if not any(key[0] == uuid for key in live):
                 self.drained.discard(uuid)
                 self.report("drain_cleared", gpu=uuid)
+
+    def _persist_revocations(self, now: datetime) -> None:
+        """Forget revocations older than a day, and write the log when it changed."""
+        old = [key for key, at in list(self._revoked_at.items()) if now - at > RECENT_REVOCATION]
+        for key in old:
+            self._revoked_at.pop(key, None)
+        if old or self._revocations_dirty:
+            self._revocations_dirty = False
+            try:
+                self.store.save_revocations(dict(self._revoked_at))
+            except OSError as error:
+                log.error("cannot write the revocation log: %s", error)
 
     def run_due_cleanups(self, now: datetime) -> None:
         """Grace periods that are over go to the checker, which ends what the holder left running."""

@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         worker.start()
     finally:
         enforcer.stop()
+        enforcer.revoke_all()  # fail closed: nothing enforces slot ends while the agent is stopped
         reporter.stop()  # after the enforcer, so its last events are sent
         backend.close()
     return worker.exitcode or 0

@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 EVENT_BUFFER = 10_000
 EVENTS_PER_POST = 500
+MAX_PIDS = 1000  # the portal's limits for one event (nodes/agent_serializers.py)
+TEXT_LIMITS = {"user": 32, "message": 2000, "process": 64}
 
 
 class PortalUnreachable(Exception):
@@ -91,6 +93,12 @@ class Reporter:
             "at": datetime.now(UTC).isoformat(),
             **{k: v for k, v in fields.items() if v is not None},
         }
+        # Within what the portal accepts, so one event never gets its whole batch refused.
+        if isinstance(record.get("pids"), list) and len(record["pids"]) > MAX_PIDS:
+            record["pids"] = record["pids"][:MAX_PIDS]
+        for key, limit in TEXT_LIMITS.items():
+            if isinstance(record.get(key), str) and len(record[key]) > limit:
+                record[key] = record[key][: limit - 1] + "…"
         log.info("event %s", record)
         with self._lock:
             self._events.append(record)

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import tempfile
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,27 @@ log = logging.getLogger(__name__)
 
 class SnapshotStore:
     FILENAME = "snapshot.json"
+    REVOCATIONS = "revoked.json"
 
     def __init__(self, state_dir: str | Path) -> None:
         self.directory = Path(state_dir)
         self.path = self.directory / self.FILENAME
+        self.revocations_path = self.directory / self.REVOCATIONS
+
+    def load_revocations(self) -> dict[tuple[str, str], datetime]:
+        """Recent revocations, (gpu, user) -> when: a restarted agent still ends what they left."""
+        try:
+            data = json.loads(self.revocations_path.read_text())
+            return {(gpu, user): datetime.fromisoformat(at) for gpu, user, at in data}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, TypeError, RecursionError) as error:
+            log.error("ignoring unreadable revocation log %s: %s", self.revocations_path, error)
+            return {}
+
+    def save_revocations(self, revocations: dict[tuple[str, str], datetime]) -> None:
+        rows = [[gpu, user, at.isoformat()] for (gpu, user), at in sorted(revocations.items())]
+        self._write(self.revocations_path, rows)
 
     def load(self) -> dict[str, Any] | None:
         try:
@@ -38,14 +56,17 @@ class SnapshotStore:
         return data
 
     def save(self, snapshot: dict[str, Any]) -> None:
+        self._write(self.path, snapshot)
+
+    def _write(self, path: Path, data: Any) -> None:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=".snapshot-", suffix=".tmp")
+        fd, temporary = tempfile.mkstemp(dir=self.directory, prefix=f".{path.stem}-", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as file:
-                json.dump(snapshot, file, sort_keys=True)
+                json.dump(data, file, sort_keys=True)
                 file.flush()
                 os.fsync(file.fileno())
-            os.replace(temporary, self.path)
+            os.replace(temporary, path)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise

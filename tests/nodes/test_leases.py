@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import timedelta
 from io import StringIO
 
 import pytest
@@ -51,6 +52,22 @@ def test_every_snapshot_has_a_higher_version(node):
     versions = [node_snapshot(node=node, now=MONDAY_9)["version"] for _ in range(3)]
     assert versions == sorted(set(versions))
     assert versions[0] >= 1
+
+
+def test_a_restored_database_still_sends_newer_versions_than_the_agent_holds(node):
+    sent = node_snapshot(node=node, now=MONDAY_9)["version"]
+    Node.objects.filter(pk=node.pk).update(lease_version=0)  # a backup from before any push
+
+    assert node_snapshot(node=node, now=MONDAY_9 + timedelta(seconds=1))["version"] > sent
+
+
+def test_a_lease_of_a_user_without_a_unix_username_is_left_out_not_the_whole_snapshot(alice, bob, gpus, node, clock):
+    reservation_create(user=alice, gpus=gpus[:1], start=at(0), end=at(1))
+    reservation_create(user=bob, gpus=gpus[1:2], start=at(0), end=at(1))
+    type(bob).objects.filter(pk=bob.pk).update(unix_username=None)  # an admin cleared it afterwards
+
+    leases = node_snapshot(node=node, now=at(0.5))["leases"]
+    assert [lease["user"] for lease in leases] == ["alice"]
 
 
 def test_a_finished_lease_leaves_the_snapshot(alice, gpus, node, clock):

@@ -92,13 +92,13 @@ def test_a_broker_outage_keeps_the_booking_and_leaves_the_push_to_beat(
     assert "beat will send it" in caplog.text
 
 
-def test_beat_pushes_every_node_with_an_agent_except_disabled_ones(agent_node, db):
+def test_beat_pushes_every_node_with_an_agent_disabled_ones_included(agent_node, db):
     disabled = node_with_gpus(1, name="gpu-old")
     node_rotate_credentials(node=disabled)
     Node.objects.filter(pk=disabled.pk).update(status=Node.Status.DISABLED)
     node_with_gpus(1, name="gpu-noagent")  # never registered an agent
     purge("node.gpu-old", "node.gpu-noagent")
 
-    assert push_all_leases() == 1
-    assert len(messages("node.gpu-a100")) == 1
-    assert messages("node.gpu-old") == [] and messages("node.gpu-noagent") == []
+    assert push_all_leases() == 2  # a disabled node keeps its bookings, and their cancellations must reach it
+    assert len(messages("node.gpu-a100")) == 1 and len(messages("node.gpu-old")) == 1
+    assert messages("node.gpu-noagent") == []

@@ -208,3 +208,36 @@ def test_the_agent_reports_heartbeat_and_telemetry_with_process_owners(make_agen
     assert wait_for(lambda: any(b["acls"].get(agent.uuid(0)) == [alice.name] for b in portal.received["heartbeat"]), 5)
     heartbeat = portal.received["heartbeat"][-1]
     assert heartbeat["applied_version"] == 1 and heartbeat["backend"] == "simulated"
+
+
+def test_leftovers_are_ended_even_when_the_agent_restarts_during_the_grace_period(
+    make_agent, unix_users, portal, spawn
+):
+    agent = make_agent(grace_seconds=2)
+    alice = unix_users[0]
+    agent.send(agent.snapshot([lease(1, alice.name, [agent.uuid(0)], now(), now() + timedelta(seconds=2))]))
+    assert wait_for(lambda: alice.name in acl_users(agent.device(0)), timeout=10)
+    job = spawn(agent.device(0), user=alice)
+    assert wait_for(lambda: alice.name not in acl_users(agent.device(0)), timeout=10)
+
+    agent.kill()  # within the grace period: whatever it had in memory about the cleanup is gone
+    agent.start()
+
+    assert wait_for(lambda: job.poll() is not None, timeout=15), "\n".join(agent.log)
+    assert job.returncode == -15
+    assert wait_for(lambda: portal.events("ended"), timeout=5)
+    assert not portal.events("violation")  # a leftover of a revoked holder, not "use without a booking"
+
+
+def test_a_stopped_agent_leaves_every_gpu_closed_and_a_restart_reopens_the_running_slot(make_agent, unix_users):
+    agent = make_agent()
+    alice = unix_users[0]
+    agent.send(agent.snapshot([lease(1, alice.name, [agent.uuid(0)], now(), now() + timedelta(hours=1))]))
+    assert wait_for(lambda: alice.name in acl_users(agent.device(0)), timeout=10)
+
+    agent.stop()  # SIGTERM, as systemctl stop does
+    assert agent.process.returncode == 0
+    assert acl_users(agent.device(0)) == set()  # nobody enforces the end while it is down: closed
+
+    agent.start()
+    assert wait_for(lambda: alice.name in acl_users(agent.device(0)), timeout=5)

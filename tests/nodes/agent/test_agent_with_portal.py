@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from celery.contrib.testing.worker import start_worker
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
 from nodes.agent.gpus.simulated import simulated_uuid
@@ -22,6 +23,10 @@ from tests.nodes.agent.harness import AgentRun, acl_users, wait_for
 from tests.nodes.queues import purge
 
 
+# Three threads write at once here (the test, the live server taking reports, the worker); SQLite's
+# shared in-memory test database answers "table is locked" to that, so this runs on PostgreSQL.
+@pytest.mark.postgres_only
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="needs PostgreSQL")
 @pytest.mark.django_db(transaction=True)
 def test_a_booking_opens_the_gpu_on_its_node_and_a_release_closes_it(live_server, unix_users):
     person = unix_users[0]

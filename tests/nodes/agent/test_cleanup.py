@@ -14,12 +14,12 @@ from nodes.agent.cleanup import Holder
 from tests.nodes.agent.conftest import UnixUser
 
 FAST = {"term_timeout": 2.0, "kill_retries": 2, "kill_timeout": 2.0}  # returns as soon as the process is gone
-ALLOW = frozenset({"nvidia-persistenced", "nv-hostengine", "dcgm-exporter"})
+ALLOW = frozenset({"dcgm-monitor"})  # an account, not a process name
 DAEMON = UnixUser("daemon", 1, 1)  # a system account on every Debian
 
 
 def _protected(holder: Holder) -> bool:
-    return cleanup.protected(holder, allow_names=ALLOW, own_pid=os.getpid(), uid_min=procfs.uid_min())
+    return cleanup.protected(holder, allow_users=ALLOW, own_pid=os.getpid(), uid_min=procfs.uid_min())
 
 
 def test_a_process_ends_on_sigterm(open_device, unix_users, spawn):
@@ -114,22 +114,26 @@ def test_root_and_system_accounts_are_protected(open_device, spawn):
     assert _protected(by_root)
     assert _protected(by_daemon)
     below = Holder(pid=4242, uid=1500, user="old", name="x")
-    assert cleanup.protected(below, allow_names=ALLOW, own_pid=1, uid_min=2000)
+    assert cleanup.protected(below, allow_users=ALLOW, own_pid=1, uid_min=2000)
 
 
-def test_allow_listed_daemons_and_the_agent_itself_are_protected(open_device, unix_users, spawn):
-    exporter = spawn(open_device, user=unix_users[0], name="dcgm-exporter")
-    # The kernel keeps 15 characters of a name: "nvidia-persistenced" reads back as "nvidia-persiste".
-    persistenced = spawn(open_device, user=unix_users[0], name="nvidia-persistenced")
-    for holder in cleanup.describe([exporter.pid, persistenced.pid]):
-        assert _protected(holder), holder
-    assert _protected(Holder(pid=os.getpid(), uid=unix_users[0].uid, user=unix_users[0].name, name="python"))
-
-
-@pytest.mark.parametrize("name", ["dcgm-exporte", "nv-hostengine2", None])
-def test_only_exact_allow_listed_names_are_protected(unix_users, name):
+def test_allow_listed_accounts_and_the_agent_itself_are_protected(unix_users):
     user = unix_users[0]
-    assert not _protected(Holder(pid=os.getpid() + 1, uid=user.uid, user=user.name, name=name))
+    assert cleanup.protected(
+        Holder(pid=4242, uid=user.uid, user=user.name, name="exporter"),
+        allow_users=frozenset({user.name}),
+        own_pid=1,
+        uid_min=1000,
+    )
+    assert _protected(Holder(pid=os.getpid(), uid=user.uid, user=user.name, name="python"))
+
+
+@pytest.mark.parametrize("name", ["nvidia-smi", "dcgmi", "nvidia-persiste", "dcgm-exporter"])
+def test_a_process_name_protects_nothing_as_any_process_can_take_one(open_device, unix_users, spawn, name):
+    job = spawn(open_device, user=unix_users[0], name=name)
+    (holder,) = cleanup.describe([job.pid])
+    assert holder.name == name[:15]
+    assert not _protected(holder)
 
 
 def _wait_for_zombie(pid: int) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nodes.agent.config import DEFAULT_PROTECTED, AgentConfig, ConfigError, config_from_values, load_config
+from nodes.agent.config import AgentConfig, ConfigError, config_from_values, load_config
 
 REQUIRED = {
     "NODE_NAME": "gpu-a100",
@@ -43,7 +43,7 @@ def test_it_reads_the_lines_register_node_prints(tmp_path):
     )
     assert config.device_dir == "/dev"
     assert config.backend == "nvml"
-    assert config.protected_processes == frozenset(DEFAULT_PROTECTED)
+    assert config.protected_users == frozenset()
 
 
 def test_it_skips_comments_and_blank_lines_and_strips_quotes_and_spaces(tmp_path):
@@ -253,14 +253,14 @@ def test_an_nvml_node_guards_the_real_dev():
     assert config_from_values({**REQUIRED, "STATE_DIR": "/srv/agent"}).device_dir == "/dev"
 
 
-def test_protected_processes_are_a_comma_separated_list():
-    config = config_from_values({**REQUIRED, "PROTECTED_PROCESSES": " dcgm-exporter, ,my-monitor,dcgm-exporter ,"})
-    assert config.protected_processes == frozenset({"dcgm-exporter", "my-monitor"})
+def test_protected_users_are_a_comma_separated_list():
+    config = config_from_values({**REQUIRED, "PROTECTED_USERS": " dcgm-exporter, ,my-monitor,dcgm-exporter ,"})
+    assert config.protected_users == frozenset({"dcgm-exporter", "my-monitor"})
 
 
-def test_an_empty_protected_processes_protects_nothing(tmp_path):
-    config = load_config(config_file(tmp_path), environ={"GPUBOOK_PROTECTED_PROCESSES": ""})
-    assert config.protected_processes == frozenset()
+def test_an_empty_protected_users_protects_nobody(tmp_path):
+    config = load_config(config_file(tmp_path), environ={"GPUBOOK_PROTECTED_USERS": ""})
+    assert config.protected_users == frozenset()
 
 
 def test_the_queue_is_named_after_the_node():

@@ -393,3 +393,10 @@ def test_a_boundary_that_falls_during_a_pass_is_enforced_at_once_not_at_the_next
     node.enforcer.converge(node.clock.now)
     assert acl_users(node.device(0)) == {a}
     assert node.enforcer.seconds_to_next_pass(node.clock.now, until_reconcile=5.0) == pytest.approx(2.995)
+
+
+def test_a_flood_of_junk_messages_is_reported_once_a_minute_not_once_each(node):
+    for _ in range(50):
+        assert node.enforcer.offer({"node": "junk"}) == "refused"
+
+    assert node.kinds() == ["snapshot_refused"]
