@@ -1,7 +1,8 @@
 """Write a config file for a simulated agent per demo node (used by scripts/run).
 
-Each run issues fresh credentials, so the files always match the database. The stand-in
-device files live under the same directory: the agent gives them real ACLs.
+A config that still matches the database (same lease secret, same token) is kept, so a restarted
+demo's agents trust the snapshots they stored; otherwise fresh credentials are issued. The
+stand-in device files live under the same directory: the agent gives them real ACLs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from accounts.services import hash_token
+from nodes.agent.config import ConfigError, read_config_file
 from nodes.models import Node
 from nodes.services import node_rotate_credentials
 
@@ -28,12 +31,15 @@ class Command(BaseCommand):
         directory = Path(options["dir"]).resolve()
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         for node in Node.objects.exclude(status=Node.Status.DISABLED).order_by("name"):
+            path = directory / f"{node.name}.conf"
+            if _still_valid(path, node):
+                self.stdout.write(f"  agent config for {node.name}: {path} (kept)")
+                continue
             credentials = node_rotate_credentials(node=node)
             home = directory / node.name
             config = credentials.as_config().replace(
                 f"PORTAL_URL={settings.PORTAL_URL}", f"PORTAL_URL={options['portal_url']}"
             )
-            path = directory / f"{node.name}.conf"
             path.touch(mode=0o600)
             path.write_text(
                 config
@@ -42,3 +48,14 @@ class Command(BaseCommand):
                 + f"GRACE_SECONDS={options['grace_seconds']}\n"
             )
             self.stdout.write(f"  agent config for {node.name}: {path}")
+
+
+def _still_valid(path: Path, node: Node) -> bool:
+    try:
+        values = read_config_file(path)
+    except ConfigError:
+        return False
+    token = values.get("AGENT_TOKEN", "")
+    return (
+        bool(token) and values.get("LEASE_SECRET") == node.lease_secret and hash_token(token) == node.agent_token_hash
+    )
