@@ -1,43 +1,15 @@
-"""The unix username rule, shared by the portal and (as a copy) the node agent.
-
-The name reaches system calls on the GPU nodes (ACLs, process ownership), so it is checked
-strictly, with ``\\Z`` rather than ``$`` so that a trailing newline cannot slip through.
-"""
+"""Validators of user fields. The unix username rule itself lives in ``nodes.agent.usernames``,
+shared with the node agent (which imports nothing from Django)."""
 
 from __future__ import annotations
 
-import re
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core.exceptions import ValidationError
 
-UNIX_USERNAME_RE = re.compile(r"\A[a-z_][a-z0-9_-]{0,31}\Z")
-
-# Accounts that must never receive a booked GPU: root and the usual system accounts.
-RESERVED_UNIX_USERNAMES = frozenset(
-    {
-        "root",
-        "daemon",
-        "bin",
-        "sys",
-        "sync",
-        "games",
-        "man",
-        "lp",
-        "mail",
-        "news",
-        "uucp",
-        "proxy",
-        "backup",
-        "list",
-        "irc",
-        "nobody",
-        "messagebus",
-        "sshd",
-        "polkitd",
-        "nvidia-persistenced",
-    }
-)
+# One rule for both sides: the agent's module is plain Python, so the portal imports it (as it
+# does the snapshot signing) rather than keeping a copy.
+from nodes.agent.usernames import RESERVED_UNIX_USERNAMES, UNIX_USERNAME_RE
 
 
 def validate_unix_username(value: str) -> None:

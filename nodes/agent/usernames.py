@@ -1,9 +1,8 @@
-"""The unix username rule, as the node agent applies it.
+"""The unix username rule, for the portal (accounts.validators) and the node agent alike.
 
-A copy of ``accounts.validators`` (the agent imports nothing from Django). A name reaches
-system calls here (``setfacl``, process ownership), so it is checked before anything runs;
-``\\Z`` rather than ``$`` so a trailing newline cannot slip through. A test keeps the two
-copies identical.
+Plain Python, because the agent imports nothing from Django. A name reaches system calls on
+the nodes (``setfacl``, process ownership), so it is checked before anything runs; ``\\Z``
+rather than ``$`` so a trailing newline cannot slip through.
 """
 
 from __future__ import annotations

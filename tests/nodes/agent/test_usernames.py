@@ -11,7 +11,7 @@ SAMPLES = ["alice", "_svc", "a", "bob-2", "a" * 32, "a" * 33, "", "Alice", "9liv
            "../x", "ålice", "alice\x00", "a:b", "root", "nobody", "nvidia-persistenced", "1000"]  # fmt: skip
 
 
-def test_the_agents_copy_of_the_rule_is_the_portals():
+def test_the_portal_and_the_agent_use_one_rule():
     assert usernames.UNIX_USERNAME_RE.pattern == validators.UNIX_USERNAME_RE.pattern
     assert usernames.UNIX_USERNAME_RE.flags == validators.UNIX_USERNAME_RE.flags
     assert usernames.RESERVED_UNIX_USERNAMES == validators.RESERVED_UNIX_USERNAMES
