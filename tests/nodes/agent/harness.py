@@ -32,6 +32,7 @@ from celery import Celery
 from nodes.agent.gpus.simulated import simulated_uuid
 from nodes.agent.signing import signed
 from nodes.agent.worker import APPLY_SNAPSHOT_TASK
+from tests.nodes.agent.conftest import getfacl
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -42,13 +43,12 @@ def now() -> datetime:
 
 def acl_users(path: str) -> set[str]:
     """Named users in the file's ACL, read with the real getfacl (independent of the agent's code)."""
-    out = subprocess.run(
-        ["getfacl", "--omit-header", "--absolute-names", "--", path], capture_output=True, text=True, check=True
-    ).stdout
-    return {line.split(":")[1] for line in out.splitlines() if line.startswith("user:") and line.split(":")[1]}
+    return {
+        line.split(":")[1] for line in getfacl(path).splitlines() if line.startswith("user:") and line.split(":")[1]
+    }
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, interval: float = 0.01) -> float | None:
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01) -> float | None:
     """Poll until ``condition()`` is true; the monotonic time it first was, or None on timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

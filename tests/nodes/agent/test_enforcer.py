@@ -27,6 +27,7 @@ from nodes.agent.enforcer import Enforcer
 from nodes.agent.gpus import open_backend
 from nodes.agent.signing import signed
 from nodes.agent.store import SnapshotStore
+from tests.nodes.agent.harness import acl_users, lease
 
 T0 = datetime(2030, 5, 6, 9, 0, tzinfo=UTC)
 T1 = T0 + timedelta(hours=1)
@@ -36,20 +37,8 @@ GRACE = 30.0
 ABSENT_GPU = "GPU-00000000-0000-0000-0000-000000000000"
 
 
-def acl_users(path: str) -> set[str]:
-    """Named users in the file's ACL, read with the real getfacl (independent of the agent's code)."""
-    out = subprocess.run(
-        ["getfacl", "--omit-header", "--absolute-names", "--", path], capture_output=True, text=True, check=True
-    ).stdout
-    return {line.split(":")[1] for line in out.splitlines() if line.startswith("user:") and line.split(":")[1]}
-
-
 def setfacl(path: str, user: str) -> None:
     subprocess.run(["setfacl", "-m", f"u:{user}:rw", "--", path], capture_output=True, check=True)
-
-
-def lease(reservation: int, user: str, gpus: list[str], start: datetime, end: datetime) -> dict[str, Any]:
-    return {"reservation": reservation, "user": user, "gpus": gpus, "start": start.isoformat(), "end": end.isoformat()}
 
 
 class Clock:

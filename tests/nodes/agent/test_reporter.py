@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -16,24 +14,10 @@ import pytest
 from nodes.agent import reporter as reporter_module
 from nodes.agent.config import config_from_values
 from nodes.agent.reporter import Reporter
+from tests.nodes.agent.harness import free_port, wait_for
 
 TOKEN = "gpn_secret-token"
 TIMEOUT = 10.0
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = TIMEOUT) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.01)
-    return False
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Portal:
