@@ -80,7 +80,6 @@ def _enforcer(home: Path, gpus: int, report) -> tuple[Enforcer, object, str]:
             "BACKEND": "simulated",
             "SIMULATED_GPUS": str(gpus),
             "STATE_DIR": str(home / "state"),
-            "RECONCILE_SECONDS": os.environ.get("BENCH_RECONCILE_SECONDS", "5"),
         }
     )
     backend = open_backend("simulated", device_dir=config.device_dir, node_name="bench-node", simulated_gpus=gpus)

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import psycopg
-from benchdb import REPO_ROOT, database_url_or_exit, ensure_database, percentile_ms, setup_django
+from benchdb import REPO_ROOT, create_lab, execute, open_database, percentile_ms
 
 HOST = "127.0.0.1"
 RATE = "100000000/minute"
@@ -178,13 +178,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def execute(statement: str, params: Sequence[Any] = ()) -> None:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-
-
 def ensure_users(prefix: str, count: int) -> list[Any]:
     """Ordinary (non-staff) users named prefix0 .. prefix{count-1}, created when missing."""
     from django.contrib.auth import get_user_model
@@ -272,23 +265,7 @@ def wipe_everything() -> None:
 
 def create_nodes() -> list[tuple[int, int]]:
     """NODE_COUNT nodes with GPUS_PER_NODE GPUs each; returns (node id, gpu id) per GPU."""
-    from nodes.models import Gpu, Node
-
-    nodes = Node.objects.bulk_create(
-        Node(name=f"{NODE_PREFIX}{n:02d}", hostname=f"{NODE_PREFIX}{n:02d}.example") for n in range(NODE_COUNT)
-    )
-    gpus = Gpu.objects.bulk_create(
-        Gpu(
-            node=node,
-            index=i,
-            uuid=f"GPU-{n:08x}-{i:04x}-4000-8000-000000000000",
-            model=GPU_MODELS[n % len(GPU_MODELS)][0],
-            memory_mib=GPU_MODELS[n % len(GPU_MODELS)][1],
-        )
-        for n, node in enumerate(nodes)
-        for i in range(GPUS_PER_NODE)
-    )
-    return [(gpu.node_id, gpu.pk) for gpu in gpus]
+    return create_lab([f"{NODE_PREFIX}{n:02d}" for n in range(NODE_COUNT)], GPUS_PER_NODE, GPU_MODELS)
 
 
 def reservation_rows(
@@ -597,14 +574,7 @@ def run_benchmarks(args: argparse.Namespace, port: int, reader_token: str) -> li
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    url = database_url_or_exit("bench/api.py", "portal_bench_api")
-    ensure_database(url)
-    setup_django()
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        print(f"bench/api.py needs PostgreSQL, the settings gave {connection.vendor}.", file=sys.stderr)
-        return 2
+    url = open_database("bench/api.py", "portal_bench_api")
     clear_side_tables()
     drop_booking_node()
     loaded = ensure_data_set(url, args.rebuild)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
@@ -60,6 +62,51 @@ def setup_django() -> None:
 
     django.setup()
     call_command("migrate", verbosity=0)
+
+
+def execute(statement: str, params: Sequence[Any] = ()) -> None:
+    """One raw SQL statement on Django's connection (after setup_django)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+
+
+def create_lab(
+    names: Sequence[str], gpus_per_node: int, models: Sequence[tuple[str, int]], uuid_tag: str = ""
+) -> list[tuple[int, int]]:
+    """Nodes called ``names`` with ``gpus_per_node`` GPUs each, models taken in turn per node;
+    returns (node id, gpu id) per GPU. ``uuid_tag`` keeps one bench's GPU UUIDs apart from another's."""
+    from nodes.models import Gpu, Node
+
+    nodes = Node.objects.bulk_create(Node(name=name, hostname=f"{name}.example") for name in names)
+    width = 8 - len(uuid_tag)
+    gpus = Gpu.objects.bulk_create(
+        Gpu(
+            node=node,
+            index=i,
+            uuid=f"GPU-{uuid_tag}{n:0{width}x}-{i:04x}-4000-8000-000000000000",
+            model=models[n % len(models)][0],
+            memory_mib=models[n % len(models)][1],
+        )
+        for n, node in enumerate(nodes)
+        for i in range(gpus_per_node)
+    )
+    return [(gpu.node_id, gpu.pk) for gpu in gpus]
+
+
+def open_database(script: str, example_db: str) -> str:
+    """What every bench does first: check DATABASE_URL, create the database if needed, set up
+    Django on it and migrate; exits (status 2) when it is not PostgreSQL. Returns the URL."""
+    url = database_url_or_exit(script, example_db)
+    ensure_database(url)
+    setup_django()
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        print(f"{script} needs PostgreSQL, the settings gave {connection.vendor}.", file=sys.stderr)
+        sys.exit(2)
+    return url
 
 
 def percentile_ms(latencies: list[float], pct: float) -> float:

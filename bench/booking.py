@@ -42,7 +42,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from benchdb import database_url_or_exit, ensure_database, percentile_ms, setup_django
+from benchdb import open_database, percentile_ms
 
 GPU_COUNT = 64
 USER_COUNT = 16
@@ -361,14 +361,7 @@ def print_context(seconds: float) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    url = database_url_or_exit("bench/booking.py", "portal_bench")
-    ensure_database(url)
-    setup_django()
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        print(f"bench/booking.py needs PostgreSQL, the settings gave {connection.vendor}.", file=sys.stderr)
-        return 2
+    url = open_database("bench/booking.py", "portal_bench")
     reset_bench_data()
     node, users, gpu_ids = create_fixtures()
     print_context(args.seconds)

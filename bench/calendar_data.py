@@ -51,7 +51,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import psycopg
-from benchdb import database_url_or_exit, ensure_database, percentile_ms, setup_django
+from benchdb import create_lab, execute, open_database, percentile_ms
 
 NODE_COUNT = 8
 GPUS_PER_NODE = 8
@@ -97,13 +97,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def execute(statement: str, params: Sequence[Any] = ()) -> None:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-
-
 def reset_lab() -> None:
     """Start from nothing: no bookings, maintenance, limits, GPUs, nodes or audit entries."""
     from nodes.models import Gpu, Node
@@ -127,27 +120,6 @@ def ensure_users() -> tuple[list[Any], Any]:
         return found or user_model.objects.create_user(username=name, unix_username=name.replace("-", "_"))
 
     return [user(f"{USER_PREFIX}{i}") for i in range(USER_COUNT)], user(READER)
-
-
-def create_lab() -> list[tuple[int, int]]:
-    """NODE_COUNT nodes of GPUS_PER_NODE GPUs; returns (node id, gpu id) per GPU."""
-    from nodes.models import Gpu, Node
-
-    nodes = Node.objects.bulk_create(
-        Node(name=f"bench-cal-n{n}", hostname=f"bench-cal-n{n}.example") for n in range(NODE_COUNT)
-    )
-    gpus = Gpu.objects.bulk_create(
-        Gpu(
-            node=node,
-            index=i,
-            uuid=f"GPU-ca1e{n:04x}-{i:04x}-4000-8000-000000000000",
-            model=GPU_MODELS[n % len(GPU_MODELS)][0],
-            memory_mib=GPU_MODELS[n % len(GPU_MODELS)][1],
-        )
-        for n, node in enumerate(nodes)
-        for i in range(GPUS_PER_NODE)
-    )
-    return [(gpu.node_id, gpu.pk) for gpu in gpus]
 
 
 def week_start(now: datetime) -> datetime:
@@ -200,7 +172,7 @@ def load_lab(url: str, history_weeks: int, now: datetime) -> tuple[Any, datetime
 
     reset_lab()
     owners, reader = ensure_users()
-    gpus = create_lab()
+    gpus = create_lab([f"bench-cal-n{n}" for n in range(NODE_COUNT)], GPUS_PER_NODE, GPU_MODELS, uuid_tag="ca1e")
     monday = week_start(now)
     rows = list(booking_rows(gpus, [owner.pk for owner in owners], monday - history_weeks * WEEK, history_weeks + 1))
     copy_bookings(url, rows)
@@ -347,14 +319,7 @@ def print_context(args: argparse.Namespace, monday: datetime, loaded: float) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    url = database_url_or_exit("bench/calendar_data.py", "portal_bench_calendar")
-    ensure_database(url)
-    setup_django()
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        print(f"bench/calendar_data.py needs PostgreSQL, the settings gave {connection.vendor}.", file=sys.stderr)
-        return 2
+    url = open_database("bench/calendar_data.py", "portal_bench_calendar")
     began = time.perf_counter()
     reader, monday = load_lab(url, args.history_weeks, datetime.now(UTC))
     print_context(args, monday, time.perf_counter() - began)
@@ -362,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = requests_to_time(monday)
     rows = in_process_rows(token, paths, args.requests)
     if not args.no_http:
+        from django.db import connection
+
         connection.close()  # the server gets the database to itself
         rows += http_rows(url, token, paths, args.requests)
     print()
