@@ -8,7 +8,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema
 from rest_framework import serializers, viewsets
 
 from nodes import selectors
-from nodes.models import Gpu, Node
+from nodes.models import Gpu, Node, memory_gb_to_mib
 from nodes.serializers import GpuSerializer, NodeSerializer
 from portal.api_schema import READ_ERRORS
 
@@ -52,11 +52,9 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
         filters = GpuFilters(data=self.request.query_params)
         filters.is_valid(raise_exception=True)
         data = filters.validated_data
-        memory_gb = data.get("min_memory_gb")
         return selectors.gpu_list(
             now=timezone.now(),
             node=data.get("node"),
             model=data.get("model"),
-            # Vendors count GB in powers of ten: a "24 GB" card reports 24564 MiB, under 24 * 1024.
-            min_memory_mib=memory_gb * 1000**3 // 1024**2 if memory_gb is not None else None,
+            min_memory_mib=memory_gb_to_mib(data.get("min_memory_gb")),
         )

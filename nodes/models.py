@@ -94,6 +94,12 @@ class Gpu(models.Model):
         return self.bookable and self.drained_at is None
 
 
+def memory_gb_to_mib(gb: int | None) -> int | None:
+    """A memory floor asked in GB, in MiB. Vendors count GB in powers of ten: a "24 GB" card
+    reports 24564 MiB, under 24 * 1024, and must still match min_memory_gb=24."""
+    return None if gb is None else gb * 1000**3 // 1024**2
+
+
 # GPUs that take new bookings, as a filter (the queryset twin of Gpu.is_bookable).
 BOOKABLE_GPUS = models.Q(bookable=True, drained_at__isnull=True)
 

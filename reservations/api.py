@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from nodes.models import Node
+from nodes.models import Node, memory_gb_to_mib
 from portal.api_schema import ERRORS, READ_ERRORS
 from portal.fields import AwareDateTimeField
 from reservations import selectors, services
@@ -185,13 +185,12 @@ class AvailabilityView(APIView):
         query = AvailabilityQuery(data=request.query_params)
         query.is_valid(raise_exception=True)
         data = query.validated_data
-        memory_gb = data.get("min_memory_gb")
         windows = earliest_windows(
             gpu_count=data["gpus"],
             duration=timedelta(hours=data["hours"]),
             now=timezone.now(),
             after=data.get("after"),
             node_name=data.get("node"),
-            min_memory_mib=memory_gb * 1000**3 // 1024**2 if memory_gb is not None else None,
+            min_memory_mib=memory_gb_to_mib(data.get("min_memory_gb")),
         )
         return Response(AvailabilitySerializer({"results": windows}).data)
