@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -63,6 +64,13 @@ class UnixUser:
     gid: int
 
 
+def run_as(user: UnixUser) -> dict[str, Any]:
+    """subprocess arguments that run a child as ``user`` and nothing more: without ``group`` and
+    an empty ``extra_groups`` it would keep root's groups and open a 0660 root:root file through
+    them, and every "denied" check would mean nothing."""
+    return {"user": user.uid, "group": user.gid, "extra_groups": [], "cwd": "/", "env": CHILD_ENV}
+
+
 def _need_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: creates users, sets ACLs and signals their processes")
@@ -102,11 +110,7 @@ def user_python(unix_users: list[UnixUser]) -> str:
         try:
             result = subprocess.run(
                 [candidate, "-I", "-c", "pass"],
-                user=user.uid,
-                group=user.gid,
-                extra_groups=[],
-                cwd="/",
-                env=CHILD_ENV,
+                **run_as(user),
                 capture_output=True,
                 check=False,
             )
@@ -162,7 +166,6 @@ def spawn(user_python: str) -> Iterator[Spawn]:
     def start(
         device: str, *, user: UnixUser | None, ignore_term: bool = False, name: str = ""
     ) -> subprocess.Popen[str]:
-        as_user = {"user": user.uid, "group": user.gid, "extra_groups": []} if user else {}
         process = subprocess.Popen(
             [
                 user_python if user else sys.executable,
@@ -177,9 +180,7 @@ def spawn(user_python: str) -> Iterator[Spawn]:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            cwd="/",
-            env=CHILD_ENV,
-            **as_user,  # type: ignore[arg-type]
+            **(run_as(user) if user else {"cwd": "/", "env": CHILD_ENV}),
         )
         started.append(process)
         if read_line(process) != "ready":
@@ -214,11 +215,7 @@ def try_open(user_python: str) -> Callable[[str, UnixUser], str]:
     def attempt(path: str, user: UnixUser) -> str:
         result = subprocess.run(
             [user_python, "-I", "-c", OPENER, path],
-            user=user.uid,
-            group=user.gid,
-            extra_groups=[],
-            cwd="/",
-            env=CHILD_ENV,
+            **run_as(user),
             capture_output=True,
             text=True,
             timeout=30,
