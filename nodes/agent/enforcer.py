@@ -48,13 +48,12 @@ def utcnow() -> datetime:
 
 @dataclass(frozen=True)
 class Job:
-    """Work for the checker thread: look for misuse ("check"), end what an expired holder left
-    on a GPU ("expired"), or end a violation ("violation")."""
+    """Work for the checker thread: look at who uses each GPU ("check"), or end what an expired
+    holder left on a GPU ("expired")."""
 
     kind: str
     gpu: str = ""
     user: str = ""
-    pids: tuple[int, ...] = ()
 
 
 class Enforcer:
