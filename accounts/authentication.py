@@ -16,6 +16,22 @@ from accounts.services import hash_token
 _LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
+def user_for_token(key: str) -> tuple[Any, ApiToken]:
+    """The user a personal API token stands for; AuthenticationFailed says why not in words.
+    The REST API and the websockets (live/auth.py) both authenticate through here."""
+    token = ApiToken.objects.select_related("user").filter(key_hash=hash_token(key)).first()
+    now = timezone.now()
+    if token is None or token.revoked_at is not None:
+        raise exceptions.AuthenticationFailed("Unknown or revoked API token.")
+    if token.expires_at is not None and token.expires_at <= now:
+        raise exceptions.AuthenticationFailed("This API token has expired: create a new one.")
+    if not token.user.is_active:
+        raise exceptions.AuthenticationFailed("This account is disabled.")
+    if token.last_used_at is None or now - token.last_used_at > _LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+    return token.user, token
+
+
 class ApiTokenAuthentication(authentication.BaseAuthentication):
     keywords = ("bearer", "token")
 
@@ -29,17 +45,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             key = header[1].decode()
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("The token contains invalid characters.") from None
-        token = ApiToken.objects.select_related("user").filter(key_hash=hash_token(key)).first()
-        now = timezone.now()
-        if token is None or token.revoked_at is not None:
-            raise exceptions.AuthenticationFailed("Unknown or revoked API token.")
-        if token.expires_at is not None and token.expires_at <= now:
-            raise exceptions.AuthenticationFailed("This API token has expired: create a new one.")
-        if not token.user.is_active:
-            raise exceptions.AuthenticationFailed("This account is disabled.")
-        if token.last_used_at is None or now - token.last_used_at > _LAST_USED_RESOLUTION:
-            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-        return token.user, token
+        return user_for_token(key)
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="api"'

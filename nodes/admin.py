@@ -8,8 +8,9 @@ from django.utils import timezone
 
 from audit.admin import AuditedAdminMixin
 from nodes.models import AgentState, Gpu, Node, NodeEvent
-from nodes.reports import gpu_return_to_service, node_online
+from nodes.reports import gpu_return_to_service
 from nodes.services import node_rotate_credentials
+from nodes.status import node_online
 
 
 class GpuInline(admin.TabularInline):

@@ -6,10 +6,14 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import serializers, viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from nodes import selectors
 from nodes.models import Gpu, Node, memory_gb_to_mib
-from nodes.serializers import GpuSerializer, NodeSerializer
+from nodes.serializers import FleetStatusSerializer, GpuSerializer, NodeSerializer
+from nodes.status import fleet_status, for_viewer
 from portal.api_schema import READ_ERRORS
 
 
@@ -58,3 +62,15 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
             model=data.get("model"),
             min_memory_mib=memory_gb_to_mib(data.get("min_memory_gb")),
         )
+
+
+class FleetStatusView(APIView):
+    """The status page's data: the websocket topic "status" sends the same, then keeps it fresh."""
+
+    @extend_schema(
+        summary="Every GPU's live status: telemetry, holder, next booking, offline/drained/maintenance",
+        responses={200: FleetStatusSerializer, **READ_ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        now = timezone.now()
+        return Response({"now": now, "nodes": for_viewer(fleet_status(now=now), admin=request.user.is_booking_admin)})

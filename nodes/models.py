@@ -117,6 +117,9 @@ class AgentState(models.Model):
     acls = models.JSONField(default=dict, help_text="GPU UUID -> users holding an ACL on its device file.")
     drained = models.JSONField(default=list)
     clock_skew_seconds = models.FloatField(null=True, help_text="Agent clock minus portal clock, at the heartbeat.")
+    offline_since = models.DateTimeField(
+        null=True, blank=True, help_text="When the agent was found silent; cleared when it reports again."
+    )
 
     class Meta:
         verbose_name = "agent state"

@@ -1,5 +1,8 @@
 """What node agents report: heartbeats, events and telemetry, stored as the latest state.
 
+Every report that changes what the status page shows is broadcast to it once stored
+(``nodes.status.broadcast_node_status``); events go to the admins following them.
+
 A node reports only for itself: the view authenticates the node by its token, and every GPU
 named in a report is looked up among *that* node's GPUs; anything else is ignored and named
 back to the agent, never written.
@@ -8,15 +11,16 @@ back to the agent, never written.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
+from live import broadcast
 from nodes.models import AgentState, Gpu, GpuTelemetry, Node, NodeEvent
+from nodes.status import broadcast_node_status, node_online
 
 TELEMETRY_FIELDS = (
     "utilization_pct",
@@ -31,10 +35,6 @@ TELEMETRY_FIELDS = (
 EVENT_DETAIL_FIELDS = ("pid", "pids", "process", "version", "leases", "boundary", "drained")
 
 
-def node_online(state: AgentState | None, now: datetime) -> bool:
-    return state is not None and now - state.last_seen < timedelta(seconds=settings.AGENT_OFFLINE_AFTER_SECONDS)
-
-
 def _gpus_by_uuid(node: Node) -> dict[str, Gpu]:
     return {gpu.uuid: gpu for gpu in Gpu.objects.filter(node=node)}
 
@@ -44,20 +44,25 @@ def agent_heartbeat_record(*, node: Node, data: dict[str, Any], now: datetime) -
     known = _gpus_by_uuid(node)
     acls = {uuid: sorted(users) for uuid, users in data.get("acls", {}).items() if uuid in known}
     ignored = sorted(set(data.get("acls", {})) - set(known))
+    drained = [uuid for uuid in data.get("drained", []) if uuid in known]
+    previous = AgentState.objects.filter(node=node).first()
     state, _ = AgentState.objects.update_or_create(
         node=node,
         defaults={
             "last_seen": now,
+            "offline_since": None,
             "agent_version": data["agent_version"],
             "backend": data["backend"],
             "driver_version": data.get("driver_version") or "",
             "reported_hostname": data.get("hostname") or "",
             "applied_version": data["applied_version"],
             "acls": acls,
-            "drained": [uuid for uuid in data.get("drained", []) if uuid in known],
+            "drained": drained,
             "clock_skew_seconds": (data["sent_at"] - now).total_seconds(),
         },
     )
+    if previous is None or not node_online(previous, now) or previous.drained != drained:
+        broadcast_node_status([node.pk])  # back online (telemetry broadcasts the rest)
     return state, ignored
 
 
@@ -90,7 +95,23 @@ def agent_events_record(*, node: Node, events: Iterable[dict[str, Any]]) -> tupl
         NodeEvent.objects.bulk_create(rows)
         for gpu, reason in to_drain:
             gpu_drain(gpu=gpu, reason=reason)
+        if rows:
+            payload = {"type": "events", "node": node.name, "events": [event_data(row) for row in rows]}
+            transaction.on_commit(lambda: broadcast.send_events(payload))
     return len(rows), sorted(ignored)
+
+
+def event_data(event: NodeEvent) -> dict[str, Any]:
+    """An event as admins see it live: what, when, which GPU, whose."""
+    return {
+        "kind": event.kind,
+        "label": event.get_kind_display(),
+        "at": event.at.isoformat(),
+        "gpu": event.gpu.index if event.gpu else None,
+        "user": event.user,
+        "reservation": event.reservation_id,
+        "message": event.message,
+    }
 
 
 def telemetry_record(*, node: Node, samples: Iterable[dict[str, Any]], now: datetime) -> tuple[int, list[str]]:
@@ -107,7 +128,8 @@ def telemetry_record(*, node: Node, samples: Iterable[dict[str, Any]], now: date
         GpuTelemetry.objects.bulk_create(
             rows, update_conflicts=True, unique_fields=["gpu"], update_fields=["at", *TELEMETRY_FIELDS]
         )
-        AgentState.objects.filter(node=node).update(last_seen=now)
+        AgentState.objects.filter(node=node).update(last_seen=now, offline_since=None)
+        broadcast_node_status([node.pk])
     return len(rows), sorted(ignored)
 
 
@@ -118,6 +140,7 @@ def gpu_drain(*, gpu: Gpu, reason: str, actor: Any | None = None) -> None:
     )
     if updated:
         audit_record(actor=actor, action="gpu.drain", target=gpu, after={"reason": reason[:500]})
+        broadcast_node_status([gpu.node_id])
 
 
 def gpu_return_to_service(*, gpu: Gpu, actor: Any) -> bool:
@@ -125,4 +148,5 @@ def gpu_return_to_service(*, gpu: Gpu, actor: Any) -> bool:
     updated = Gpu.objects.filter(pk=gpu.pk, drained_at__isnull=False).update(drained_at=None, drain_reason="")
     if updated:
         audit_record(actor=actor, action="gpu.undrain", target=gpu, before=before)
+        broadcast_node_status([gpu.node_id])
     return bool(updated)

@@ -1,4 +1,4 @@
-"""Celery tasks of the portal for nodes: pushing lease snapshots to the agents."""
+"""Celery tasks of the portal for nodes: pushing lease snapshots to the agents, noticing silent ones."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from celery import shared_task
 
 from nodes.models import Node
 from nodes.pushes import clear_pending, pushed_nodes, send_snapshot
+from nodes.status import mark_offline_nodes
 
 
 @shared_task(name="nodes.push_node_leases", ignore_result=True)
@@ -26,3 +27,9 @@ def push_all_leases() -> int:
     for node in nodes:
         send_snapshot(node)
     return len(nodes)
+
+
+@shared_task(name="nodes.mark_offline_nodes", ignore_result=True)
+def mark_silent_nodes_offline() -> int:
+    """Beat, every OFFLINE_CHECK_SECONDS: nodes silent too long turn offline on every status page."""
+    return len(mark_offline_nodes())

@@ -3,7 +3,7 @@ from rest_framework.routers import DefaultRouter
 
 from accounts.api import ApiTokenViewSet, MeView
 from nodes.agent_api import EventsView, HeartbeatView, TelemetryView
-from nodes.api import GpuViewSet, NodeViewSet
+from nodes.api import FleetStatusView, GpuViewSet, NodeViewSet
 from reservations.api import AvailabilityView, ReservationViewSet
 from reservations.calendar import CalendarDataView
 
@@ -17,6 +17,7 @@ urlpatterns = [
     path("me/", MeView.as_view(), name="me"),
     path("availability/", AvailabilityView.as_view(), name="availability"),
     path("calendar/", CalendarDataView.as_view(), name="calendar"),
+    path("status/", FleetStatusView.as_view(), name="status"),
     path("agent/heartbeat/", HeartbeatView.as_view(), name="agent-heartbeat"),
     path("agent/events/", EventsView.as_view(), name="agent-events"),
     path("agent/telemetry/", TelemetryView.as_view(), name="agent-telemetry"),

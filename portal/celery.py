@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from django.conf import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -16,4 +17,10 @@ app.autodiscover_tasks()
 app.conf.beat_schedule = {
     # Level-triggered leases: every node gets its whole state again, repairing any lost push.
     "push-all-leases": {"task": "nodes.push_all_leases", "schedule": 60.0, "options": {"expires": 55}},
+    # Silent agents: their nodes are shown offline on the status page (and back when they report).
+    "mark-offline-nodes": {
+        "task": "nodes.mark_offline_nodes",
+        "schedule": float(settings.OFFLINE_CHECK_SECONDS),
+        "options": {"expires": settings.OFFLINE_CHECK_SECONDS},
+    },
 }

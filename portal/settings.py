@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "audit",
     "nodes",
     "reservations",
+    "live",
 ]
 
 MIDDLEWARE = [
@@ -158,6 +159,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Several components have a "status" field: name the node's and the booking's choice sets.
+    "ENUM_NAME_OVERRIDES": {
+        "NodeStatusEnum": "nodes.models.Node.Status",
+        "ReservationStatusEnum": "reservations.models.Reservation.Status",
+    },
 }
 
 REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -175,6 +181,29 @@ LEASE_PUSH_COALESCE_SECONDS = envint("LEASE_PUSH_COALESCE_MS", 200) / 1000
 LEASE_PUSH_EXPIRES_SECONDS = envint("LEASE_PUSH_EXPIRES_SECONDS", 120)
 # A node whose agent has not reported for this long is shown offline.
 AGENT_OFFLINE_AFTER_SECONDS = envint("AGENT_OFFLINE_AFTER_SECONDS", 40)
+
+# Live updates over websockets (live/). The channel layer shares Redis with Celery. redis-py 8
+# would time an idle reader out after 5 s (socket_timeout None keeps it); a client that falls
+# more than LIVE_CHANNEL_CAPACITY messages behind loses the oldest, and resynchronises from the
+# snapshot it gets on reconnecting.
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            "hosts": [{"address": envstr("CHANNEL_LAYER_URL", REDIS_URL), "socket_timeout": None}],
+            "capacity": envint("LIVE_CHANNEL_CAPACITY", 1000),
+            "expiry": 60,
+            # A connection re-joins its groups every LIVE_REJOIN_SECONDS, well inside this.
+            "group_expiry": 86400,
+        },
+    }
+}
+LIVE_REJOIN_SECONDS = 3600
+# How often a connection checks again that its user is still active and its token unrevoked.
+LIVE_RECHECK_SECONDS = envint("LIVE_RECHECK_SECONDS", 60)
+# How often beat looks for nodes that went silent (their cards turn offline within this much
+# more than AGENT_OFFLINE_AFTER_SECONDS).
+OFFLINE_CHECK_SECONDS = envint("OFFLINE_CHECK_SECONDS", 10)
 
 # Booking rules that are settings rather than per-group limits (see docs/booking-rules.md).
 BOOKING_GRID_MINUTES = envint("BOOKING_GRID_MINUTES", 15)

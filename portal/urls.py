@@ -13,6 +13,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("", include("accounts.urls")),
     path("", include("reservations.urls")),
+    path("", include("nodes.urls")),
 ]
 
 handler400 = "portal.api.bad_request"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -23,8 +23,10 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from audit.services import audit_record
+from live import broadcast
 from nodes.models import Gpu, Node
 from nodes.pushes import push_after_commit
+from nodes.status import broadcast_node_status
 from reservations import selectors
 from reservations.exceptions import (
     BookingBusy,
@@ -396,16 +398,23 @@ def _require_status(reservation: Reservation, allowed: Sequence[str], becoming: 
 
 
 def _changed(actor: Any, verb: str, reservation: Reservation, before: dict[str, Any] | None, reason: str = "") -> None:
-    """Every state change: audited, and the node gets its new lease state once this commits."""
+    """Every state change: audited; once this commits, the node gets its new lease state and open
+    pages learn of it (the calendar of the period it touched, the node's status cards)."""
     push_after_commit(reservation.node_id)
+    after = _snapshot(reservation)
     audit_record(
         actor=actor,
         action=f"reservation.{verb}",
         target=reservation,
         before=before,
-        after=_snapshot(reservation),
+        after=after,
         reason=reason,
     )
+    touched = [after] + ([before] if before else [])
+    start = min(datetime.fromisoformat(s["start"]) for s in touched).astimezone(UTC).isoformat()
+    end = max(datetime.fromisoformat(s["end"]) for s in touched).astimezone(UTC).isoformat()
+    broadcast_node_status([reservation.node_id])
+    transaction.on_commit(lambda: broadcast.send_calendar_change(node=after["node"], start=start, end=end))
 
 
 def _snapshot(reservation: Reservation) -> dict[str, Any]:

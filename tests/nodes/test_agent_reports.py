@@ -9,8 +9,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from nodes.models import AgentState, Gpu, GpuTelemetry, NodeEvent
-from nodes.reports import gpu_return_to_service, node_online
+from nodes.reports import gpu_return_to_service
 from nodes.services import node_rotate_credentials
+from nodes.status import node_online
 from reservations.exceptions import InvalidBooking
 from reservations.services import reservation_create
 from tests.api_helpers import client_for

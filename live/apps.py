@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class LiveConfig(AppConfig):
+    name = "live"
+    verbose_name = "Live updates"
+
+    def ready(self) -> None:
+        from live import signals  # noqa: F401  (connects the receivers)

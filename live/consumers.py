@@ -1,0 +1,187 @@
+"""The one websocket endpoint, ``/ws/live/``: a page (or a script) subscribes to topics and gets
+updates as they happen.
+
+Protocol (JSON text frames):
+    client -> {"subscribe": ["status", "calendar"]}       also {"unsubscribe": [...]}
+    server -> {"type": "subscribed", "topics": [...]}
+              {"type": "nodes", "full": true, "nodes": [...]}   the status snapshot, on subscribing
+              {"type": "nodes", "nodes": [...]}                 fresh cards of the nodes that changed
+              {"type": "calendar", "node": "gpu-a100" | null, "start": iso | null, "end": iso | null}
+              {"type": "events", "node": "...", "events": [...]}  admins only
+              {"type": "error", "code": "...", "message": "..."}
+
+Topics, and who may follow them:
+    status    everyone logged in; admins get the admin cut of the cards (nodes.status.for_viewer)
+    calendar  everyone logged in; says only *where and when* something changed, and the page
+              asks the calendar API again, so each user still gets exactly what the API shows them
+    events    booking admins: what the node agents did and saw (grants, revocations, violations)
+
+A connection that is not logged in is accepted only to be told why, then closed with 4401. Every
+LIVE_RECHECK_SECONDS the connection checks that its user is still active (and its token still
+valid); if not it closes with 4401, and if the user's admin role changed it closes with 4000 so
+the page reconnects and gets the cut it is now entitled to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from django.utils import timezone
+
+from live import broadcast
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_CHARS = 4096
+CLOSE_NOT_AUTHENTICATED = 4401
+CLOSE_RECONNECT = 4000
+TOPICS = ("status", "calendar", "events")
+
+
+class LiveConsumer(AsyncWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        await self.accept()
+        if user is None or not user.is_authenticated:
+            message = self.scope.get("auth_error") or "Log in to the portal to see live updates."
+            await self._error("not_authenticated", message)
+            await self.close(code=CLOSE_NOT_AUTHENTICATED)
+            return
+        self.user = user
+        self.admin = user.is_booking_admin
+        self.topics: dict[str, str] = {}  # topic -> the group it joined
+        self.watchdog = asyncio.create_task(self._watch())
+
+    async def disconnect(self, code: int) -> None:
+        watchdog = getattr(self, "watchdog", None)
+        if watchdog is not None:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watchdog
+        for group in getattr(self, "topics", {}).values():
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    # --- from the client ----------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if not hasattr(self, "topics"):
+            return  # refused at connect; the close is on its way
+        if text_data is None or len(text_data) > MAX_MESSAGE_CHARS:
+            await self._error("bad_message", f"Send JSON text messages of at most {MAX_MESSAGE_CHARS} characters.")
+            return
+        try:
+            message = json.loads(text_data)
+        except ValueError:
+            await self._error("bad_message", 'Not JSON. Send {"subscribe": ["status"]}.')
+            return
+        if not isinstance(message, dict) or not ({"subscribe", "unsubscribe"} & message.keys()):
+            await self._error("bad_message", 'Send {"subscribe": [topics]} or {"unsubscribe": [topics]}.')
+            return
+        for verb in ("unsubscribe", "subscribe"):
+            if verb not in message:
+                continue
+            topics = message[verb]
+            if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+                await self._error("bad_message", f'"{verb}" takes a list of topic names: {", ".join(TOPICS)}.')
+                return
+            for topic in dict.fromkeys(topics):
+                await (self._subscribe(topic) if verb == "subscribe" else self._unsubscribe(topic))
+        await self._send({"type": "subscribed", "topics": sorted(self.topics)})
+
+    async def _subscribe(self, topic: str) -> None:
+        if topic not in TOPICS:
+            await self._error("unknown_topic", f"No topic '{topic[:40]}'. Topics: {', '.join(TOPICS)}.")
+            return
+        if topic == "events" and not self.admin:
+            await self._error("forbidden", "Only booking admins may follow the node agents' events.")
+            return
+        group = self._group(topic)
+        if self.topics.get(topic) != group:
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.topics[topic] = group
+        if topic == "status":
+            # Joined first, snapshot second: nothing that happens in between is lost.
+            await self._send({"type": "nodes", "full": True, "now": timezone.now(), "nodes": await self._snapshot()})
+
+    async def _unsubscribe(self, topic: str) -> None:
+        group = self.topics.pop(topic, None)
+        if group is not None:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    def _group(self, topic: str) -> str:
+        if topic == "status":
+            return broadcast.STATUS_ADMIN if self.admin else broadcast.STATUS_USER
+        return broadcast.CALENDAR if topic == "calendar" else broadcast.EVENTS
+
+    @database_sync_to_async
+    def _snapshot(self) -> list[dict[str, Any]]:
+        from nodes.status import fleet_status, for_viewer
+
+        return for_viewer(fleet_status(), admin=self.admin)
+
+    # --- from the channel layer ---------------------------------------------------------------
+
+    async def live_forward(self, event: dict[str, Any]) -> None:
+        """A broadcast, already JSON (live.broadcast encodes once for every client)."""
+        await self.send(text_data=event["text"])
+
+    # --- keeping the connection honest --------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """Re-check the credentials, and re-join the groups before the layer forgets them."""
+        rejoined = timezone.now()
+        while True:
+            await asyncio.sleep(settings.LIVE_RECHECK_SECONDS)
+            try:
+                verdict = await self._recheck()
+            except Exception:
+                logger.exception("could not re-check the websocket of %s", self.user)
+                continue
+            if verdict == "gone":
+                await self._error("not_authenticated", "Your session or token is no longer valid: log in again.")
+                await self.close(code=CLOSE_NOT_AUTHENTICATED)
+                return
+            if verdict == "role":
+                await self.close(code=CLOSE_RECONNECT)
+                return
+            if (timezone.now() - rejoined).total_seconds() >= settings.LIVE_REJOIN_SECONDS:
+                for group in self.topics.values():
+                    await self.channel_layer.group_add(group, self.channel_name)
+                rejoined = timezone.now()
+
+    @database_sync_to_async
+    def _recheck(self) -> str:
+        from django.contrib.auth import get_user_model
+
+        user = get_user_model().objects.filter(pk=self.user.pk).first()
+        token = self.scope.get("api_token")
+        if user is None or not user.is_active:
+            return "gone"
+        if token is not None:
+            token.refresh_from_db(fields=["revoked_at", "expires_at"])
+            if token.revoked_at is not None or (token.expires_at and token.expires_at <= timezone.now()):
+                return "gone"
+        elif self._session_ended():
+            return "gone"
+        return "role" if user.is_booking_admin != self.admin else "ok"
+
+    def _session_ended(self) -> bool:
+        session = self.scope.get("session")
+        if session is None or session.session_key is None:
+            return False
+        return not session.exists(session.session_key)
+
+    # --- sending ------------------------------------------------------------------------------
+
+    async def _send(self, payload: dict[str, Any]) -> None:
+        await self.send(text_data=broadcast.encode(payload))
+
+    async def _error(self, code: str, message: str) -> None:
+        await self._send({"type": "error", "code": code, "message": message})

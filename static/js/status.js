@@ -1,0 +1,287 @@
+/* The GPU status page (templates/nodes/status.html): one card per GPU, grouped by node.
+ *
+ * The page arrives with the fleet's cards (config.status); the websocket topic "status" then sends
+ * a full snapshot on (re)connecting and each node's fresh cards whenever its agent reports or a
+ * booking, maintenance window or drain changes it (nodes/status.py builds them; this only draws).
+ * Admins also follow "events": what the agents did and saw, newest first.
+ *
+ * Every value is written with textContent: names and reasons come from users and nodes.
+ */
+'use strict';
+
+(() => {
+  const config = JSON.parse(document.getElementById('status-config').textContent);
+  const fleetEl = document.getElementById('fleet');
+  const eventsEl = document.getElementById('events');
+  const MAX_EVENTS = 100;
+  const HISTORY = 60;  // sparkline samples kept per GPU (five minutes at the agents' 5 s)
+
+  const STATE_LABELS = {
+    free: 'Free', in_use: 'In use', maintenance: 'Maintenance', drained: 'Drained',
+    not_bookable: 'Not bookable', offline: 'Offline',
+  };
+
+  // --- formatting ------------------------------------------------------------------------------
+
+  const timeZone = config.time_zone;
+  const timeFormat = new Intl.DateTimeFormat(undefined, {hour: '2-digit', minute: '2-digit', hourCycle: 'h23', timeZone});
+  const dayTimeFormat = new Intl.DateTimeFormat(undefined, {
+    weekday: 'short', day: 'numeric', month: 'short', hour: '2-digit', minute: '2-digit', hourCycle: 'h23', timeZone,
+  });
+  const dayKey = new Intl.DateTimeFormat('en-CA', {year: 'numeric', month: '2-digit', day: '2-digit', timeZone});
+
+  function when(iso) {
+    const date = new Date(iso);
+    return dayKey.format(date) === dayKey.format(new Date()) ? timeFormat.format(date) : dayTimeFormat.format(date);
+  }
+
+  function ago(iso) {
+    const seconds = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
+    if (seconds < 90) return `${seconds} s ago`;
+    if (seconds < 5400) return `${Math.round(seconds / 60)} min ago`;
+    return `since ${when(iso)}`;
+  }
+
+  const gb = (mib) => (mib / 1024).toFixed(1);
+  const known = (value) => value !== null && value !== undefined;
+
+  function el(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  // --- state -----------------------------------------------------------------------------------
+
+  let nodes = new Map();  // name -> node as the server sent it
+  const history = new Map();  // GPU id -> [[ms, utilisation %], ...]
+
+  function remember(node) {
+    for (const gpu of node.gpus) {
+      const reading = gpu.telemetry;
+      if (!reading || !known(reading.utilization_pct)) continue;
+      const list = history.get(gpu.id) ?? [];
+      const at = Date.parse(reading.at);
+      if (!list.length || list[list.length - 1][0] < at) {
+        list.push([at, reading.utilization_pct]);
+        history.set(gpu.id, list.slice(-HISTORY));
+      }
+    }
+  }
+
+  function apply(message) {
+    if (message.full) {
+      nodes = new Map();
+    }
+    for (const node of message.nodes) {
+      nodes.set(node.name, node);
+      remember(node);
+    }
+    render(message.full ? null : message.nodes.map((node) => node.name));
+  }
+
+  // --- drawing ---------------------------------------------------------------------------------
+
+  function render(only) {
+    const names = [...nodes.keys()].sort();
+    if (!only) {
+      fleetEl.replaceChildren(...names.map((name) => nodeSection(nodes.get(name))));
+      if (!names.length) {
+        fleetEl.replaceChildren(el('p', 'muted', 'No nodes yet: an admin adds them (see docs/agent.md).'));
+      }
+      return;
+    }
+    for (const name of only) {
+      const fresh = nodeSection(nodes.get(name));
+      const old = fleetEl.querySelector(`section.node[data-node="${CSS.escape(name)}"]`);
+      if (old) {
+        old.replaceWith(fresh);
+      } else {
+        render(null);
+        return;
+      }
+    }
+  }
+
+  function nodeSection(node) {
+    const section = el('section', `node${node.online ? '' : ' node-offline'}`);
+    section.dataset.node = node.name;
+    const titleId = `node-${node.name}`;
+    section.setAttribute('aria-labelledby', titleId);
+
+    const head = el('header', 'node-head');
+    const title = el('h2', '', node.name);
+    title.id = titleId;
+    head.append(title, el('span', 'hostname', node.hostname));
+    const online = el('span', `badge ${node.online ? 'badge-online' : 'badge-offline'}`, node.online ? 'Online' : 'Offline');
+    online.dataset.role = 'online';
+    head.append(online);
+    if (node.status !== 'active') {
+      head.append(el('span', 'badge badge-maintenance', node.status === 'maintenance' ? 'In maintenance' : 'Disabled'));
+    }
+    const seen = el('span', 'muted last-seen', node.last_seen ? `last report ${ago(node.last_seen)}` : 'its agent never reported');
+    seen.dataset.lastSeen = node.last_seen ?? '';
+    head.append(seen);
+    section.append(head);
+
+    if (node.maintenance) {
+      section.append(el('p', 'node-note',
+        `Maintenance until ${when(node.maintenance.end)}${node.maintenance.reason ? `: ${node.maintenance.reason}` : ''}.`));
+    }
+    if (node.agent && config.is_admin) {
+      const skew = node.agent.clock_skew_seconds;
+      section.append(el('p', 'muted node-agent', `Agent ${node.agent.version || '?'} (${node.agent.backend || '?'}` +
+        `${node.agent.driver_version ? `, driver ${node.agent.driver_version}` : ''})` +
+        `${known(skew) ? `, clock ${skew >= 0 ? '+' : ''}${skew.toFixed(1)} s` : ''}`));
+    }
+    const cards = el('div', 'cards');
+    cards.append(...node.gpus.map((gpu) => gpuCard(node, gpu)));
+    if (!node.gpus.length) cards.append(el('p', 'muted', 'No GPUs registered.'));
+    section.append(cards);
+    return section;
+  }
+
+  function metric(name, label, value, share, warn) {
+    const row = el('div', `metric${warn ? ' metric-warn' : ''}`);
+    row.dataset.metric = name;
+    row.append(el('span', 'metric-label', label), el('span', 'metric-value', value));
+    if (known(share)) {
+      const bar = el('span', 'bar');
+      bar.setAttribute('aria-hidden', 'true');
+      const fill = el('span', 'bar-fill');
+      fill.style.width = `${Math.max(0, Math.min(100, share))}%`;
+      bar.append(fill);
+      row.append(bar);
+    }
+    return row;
+  }
+
+  function gpuCard(node, gpu) {
+    const card = el('article', `gpu-card state-${gpu.state}`);
+    card.dataset.gpu = gpu.id;
+    card.setAttribute('aria-label', `${node.name} GPU ${gpu.index}: ${STATE_LABELS[gpu.state] ?? gpu.state}`);
+
+    const head = el('header', 'gpu-head');
+    head.append(el('h3', '', `GPU ${gpu.index}`), el('span', 'model', `${gpu.model} · ${gb(gpu.memory_mib)} GB`));
+    const badge = el('span', `badge state-badge state-${gpu.state}`, STATE_LABELS[gpu.state] ?? gpu.state);
+    badge.dataset.role = 'state';
+    head.append(badge);
+    card.append(head);
+
+    const reading = gpu.telemetry;
+    if (reading) {
+      const metrics = el('div', 'metrics');
+      const util = reading.utilization_pct;
+      metrics.append(metric('utilization', 'Utilisation', known(util) ? `${util} %` : 'n/a', util));
+      const used = reading.memory_used_mib;
+      const total = reading.memory_total_mib ?? gpu.memory_mib;
+      metrics.append(metric('memory', 'Memory', known(used) ? `${gb(used)} / ${gb(total)} GB` : 'n/a',
+        known(used) && total ? (100 * used) / total : null));
+      const temp = reading.temperature_c;
+      const hot = known(temp) && known(reading.slowdown_temperature_c) ? temp >= reading.slowdown_temperature_c - 5 : temp >= 85;
+      metrics.append(metric('temperature', 'Temperature', known(temp) ? `${temp} °C` : 'n/a', null, hot));
+      metrics.append(metric('power', 'Power', known(reading.power_w) ? `${Math.round(reading.power_w)} W` : 'n/a', null));
+      card.append(metrics);
+      card.append(sparkline(gpu.id));
+    } else {
+      card.append(el('p', 'muted', 'No readings yet.'));
+    }
+
+    const holder = el('p', 'holder');
+    holder.dataset.role = 'holder';
+    if (gpu.current) {
+      holder.append('Held by ', el('strong', '', gpu.current.user), ` until ${when(gpu.current.end)}`);
+    } else {
+      holder.textContent = 'Nobody holds it now.';
+    }
+    card.append(holder);
+    card.append(el('p', 'next muted', gpu.next
+      ? `Next: ${gpu.next.user}, ${when(gpu.next.start)} – ${when(gpu.next.end)}`
+      : 'Nothing booked next.'));
+
+    if (gpu.state === 'drained') {
+      card.append(el('p', 'gpu-note', `Drained: processes could not be ended${gpu.drain_reason ? ` (${gpu.drain_reason})` : ''}. ` +
+        'An admin returns it to service.'));
+    } else if (gpu.maintenance) {
+      card.append(el('p', 'gpu-note', `Maintenance until ${when(gpu.maintenance.end)}` +
+        `${gpu.maintenance.reason ? `: ${gpu.maintenance.reason}` : ''}.`));
+    }
+
+    const processes = reading?.processes ?? [];
+    if (processes.length) {
+      const list = el('ul', 'processes');
+      list.setAttribute('aria-label', 'Processes on this GPU');
+      for (const process of processes) {
+        const memory = known(process.used_memory_mib) ? ` · ${gb(process.used_memory_mib)} GB` : '';
+        list.append(el('li', '', `${process.user || 'unknown'}${memory}${known(process.pid) ? ` · pid ${process.pid}` : ''}`));
+      }
+      card.append(list);
+    }
+    return card;
+  }
+
+  /** The last minutes of utilisation, as a small inline SVG line (decorative: the number is above). */
+  function sparkline(gpuId) {
+    const points = history.get(gpuId) ?? [];
+    const svgNs = 'http://www.w3.org/2000/svg';
+    const svg = document.createElementNS(svgNs, 'svg');
+    svg.setAttribute('class', 'sparkline');
+    svg.setAttribute('viewBox', `0 0 ${HISTORY - 1} 100`);
+    svg.setAttribute('preserveAspectRatio', 'none');
+    svg.setAttribute('aria-hidden', 'true');
+    if (points.length > 1) {
+      const offset = HISTORY - points.length;
+      const line = document.createElementNS(svgNs, 'polyline');
+      line.setAttribute('points', points.map(([, value], i) => `${offset + i},${100 - value}`).join(' '));
+      svg.append(line);
+    }
+    return svg;
+  }
+
+  // --- events (admins) -------------------------------------------------------------------------
+
+  function eventItem(event, node) {
+    const item = el('li', `event event-${event.kind}`);
+    const gpu = known(event.gpu) ? ` GPU ${event.gpu}` : '';
+    item.append(el('time', 'event-time', when(event.at)), el('strong', '', ` ${node ?? event.node}${gpu}: `),
+      `${event.label}${event.user ? ` (${event.user})` : ''}${event.message ? ` — ${event.message}` : ''}`);
+    item.querySelector('time').dateTime = event.at;
+    return item;
+  }
+
+  function addEvents(list, node, atTop) {
+    if (!eventsEl) return;
+    const items = list.map((event) => eventItem(event, node));
+    if (atTop) {
+      eventsEl.prepend(...items.reverse());
+    } else {
+      eventsEl.append(...items);
+    }
+    while (eventsEl.children.length > MAX_EVENTS) eventsEl.lastElementChild.remove();
+  }
+
+  // --- start -----------------------------------------------------------------------------------
+
+  apply({full: true, nodes: config.status.nodes});
+  addEvents(config.events, null, false);
+
+  // Relative times ("12 s ago") age between messages.
+  setInterval(() => {
+    for (const seen of fleetEl.querySelectorAll('.last-seen[data-last-seen]')) {
+      if (seen.dataset.lastSeen) seen.textContent = `last report ${ago(seen.dataset.lastSeen)}`;
+    }
+  }, 5000);
+
+  window.gpuStatus = GpuLive.connect({
+    topics: config.is_admin ? ['status', 'events'] : ['status'],
+    stateEl: document.getElementById('live-state'),
+    onMessage(message) {
+      if (message.type === 'nodes') {
+        apply(message);
+      } else if (message.type === 'events') {
+        addEvents(message.events, message.node, true);
+      }
+    },
+  });
+})();

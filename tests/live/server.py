@@ -1,0 +1,127 @@
+"""The portal's real ASGI server (daphne, as scripts/run starts it) in a subprocess, on the test
+database, for the websocket and live-page tests; and a small synchronous websocket client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from websockets.sync.client import ClientConnection
+from websockets.sync.client import connect as ws_connect
+
+from tests.nodes.agent.harness import free_port, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def database_url() -> str:
+    """The URL of the test database this pytest process created (PostgreSQL)."""
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+class AsgiServer:
+    def __init__(self, **environment: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/ws/live/"
+        self.environment = environment
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = Path(settings.VAR_DIR) / f"daphne-{self.port}.log"
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "REDIS_URL": settings.REDIS_URL,
+            # DEBUG lets WhiteNoise serve static files from static/ (no collectstatic in tests).
+            "DEBUG": "1",
+            "SECRET_KEY": settings.SECRET_KEY,
+            "API_RATE_PER_AGENT": "100000/minute",
+            **self.environment,
+        }
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(  # noqa: S603  (fixed arguments)
+                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "portal.asgi:application"],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        if not wait_for(self._answers, timeout=30, interval=0.1):
+            self.stop()
+            raise RuntimeError(f"daphne did not start:\n{self.log()}")
+
+    def _answers(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise RuntimeError(f"daphne exited:\n{self.log()}")
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
+
+
+class LiveClient:
+    """A websocket client that reads JSON messages, skipping those a test is not waiting for."""
+
+    def __init__(self, websocket: ClientConnection) -> None:
+        self.websocket = websocket
+
+    def send(self, message: Any) -> None:
+        self.websocket.send(message if isinstance(message, str) else json.dumps(message))
+
+    def next(self, timeout: float = 5.0) -> dict[str, Any]:
+        return json.loads(self.websocket.recv(timeout=timeout))
+
+    def wait_for(self, predicate: Any, timeout: float = 10.0) -> dict[str, Any]:
+        """The first message for which predicate(message) is true; skips the others."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no such message arrived")
+            message = self.next(timeout=left)
+            if predicate(message):
+                return message
+
+    def subscribe(self, *topics: str) -> list[dict[str, Any]]:
+        """Subscribe; the messages up to and including "subscribed" (the snapshot among them)."""
+        self.send({"subscribe": list(topics)})
+        received = []
+        while not received or received[-1]["type"] != "subscribed":
+            received.append(self.next())
+        return received
+
+    def close(self) -> None:
+        self.websocket.close()
+
+
+def open_client(server: AsgiServer, *, token: str | None = None, session: str | None = None, origin: str | None = None):
+    headers = {}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    if session is not None:
+        headers["Cookie"] = f"{settings.SESSION_COOKIE_NAME}={session}"
+    websocket = ws_connect(server.ws_url, additional_headers=headers, origin=origin, open_timeout=10, legacy=True)
+    return LiveClient(websocket)
