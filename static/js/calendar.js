@@ -201,6 +201,7 @@
     const params = new URLSearchParams({start: instantOf(info.startStr), end: instantOf(info.endStr)});
     try {
       const data = await api('GET', `${config.urls.calendar}?${params}`);
+      performance.mark('calendar-data');  // bench/calendar_render.py times the drawing from here
       showPageError('');
       const bookings = data.events.filter((event) => event.extendedProps.kind === 'reservation');
       const crowded = bookings.length > EXPAND_LIMIT;
