@@ -73,4 +73,5 @@ class FleetStatusView(APIView):
     )
     def get(self, request: Request) -> Response:
         now = timezone.now()
-        return Response({"now": now, "nodes": for_viewer(fleet_status(now=now), admin=request.user.is_booking_admin)})
+        nodes = fleet_status(now=now, history=True)
+        return Response({"now": now, "nodes": for_viewer(nodes, admin=request.user.is_booking_admin)})

@@ -27,7 +27,7 @@ def status_page(request: HttpRequest) -> HttpResponse:
         "time_zone": timezone.get_current_timezone_name(),
         "is_admin": admin,
         # The first paint comes with the page; the websocket's snapshot then replaces it.
-        "status": {"now": now.isoformat(), "nodes": for_viewer(fleet_status(now=now), admin=admin)},
+        "status": {"now": now.isoformat(), "nodes": for_viewer(fleet_status(now=now, history=True), admin=admin)},
         "events": [event_data(e) | {"node": e.node.name} for e in _recent_events()] if admin else [],
     }
     return render(request, "nodes/status.html", {"nav": "status", "config": config})

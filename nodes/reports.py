@@ -19,8 +19,9 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from live import broadcast
+from nodes.history import history_record
 from nodes.models import AgentState, Gpu, GpuTelemetry, Node, NodeEvent
-from nodes.status import broadcast_node_status, node_online
+from nodes.status import broadcast_node_status, broadcast_telemetry, node_online
 
 TELEMETRY_FIELDS = (
     "utilization_pct",
@@ -124,12 +125,17 @@ def telemetry_record(*, node: Node, samples: Iterable[dict[str, Any]], now: date
             ignored.append(sample["uuid"])
             continue
         rows.append(GpuTelemetry(gpu=gpu, at=now, **{field: sample.get(field) for field in TELEMETRY_FIELDS}))
+    previous = AgentState.objects.filter(node=node).first()
     with transaction.atomic():
         GpuTelemetry.objects.bulk_create(
             rows, update_conflicts=True, unique_fields=["gpu"], update_fields=["at", *TELEMETRY_FIELDS]
         )
         AgentState.objects.filter(node=node).update(last_seen=now, offline_since=None)
-        broadcast_node_status([node.pk])
+        if node_online(previous, now):
+            broadcast_telemetry(node=node, readings=rows, now=now)
+        else:
+            broadcast_node_status([node.pk])  # back online: every card changes
+    history_record((row.gpu_id, now, row.utilization_pct) for row in rows)
     return len(rows), sorted(ignored)
 
 

@@ -122,6 +122,12 @@ class StatusGpuSerializer(serializers.Serializer):
     current = HolderSerializer(allow_null=True)
     next = HolderSerializer(allow_null=True)
     telemetry = StatusTelemetrySerializer(allow_null=True, help_text="The latest reading; null before the first.")
+    history = serializers.ListField(
+        child=serializers.ListField(child=serializers.IntegerField(), min_length=2, max_length=2),
+        required=False,
+        help_text="The last minutes of utilisation, oldest first: [milliseconds since the epoch, percent]. "
+        "In snapshots only; live updates carry the newest reading.",
+    )
 
 
 class StatusAgentSerializer(serializers.Serializer):

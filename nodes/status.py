@@ -19,12 +19,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from live import broadcast
 from nodes import selectors
-from nodes.models import AgentState, Node
-from reservations.models import MaintenanceWindow
+from nodes.history import history_of
+from nodes.models import AgentState, GpuTelemetry, Node
+from reservations.models import Allocation, MaintenanceWindow
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +79,12 @@ def _window(window: MaintenanceWindow | None) -> dict[str, Any] | None:
 def _telemetry(gpu: Any) -> dict[str, Any] | None:
     try:
         reading = gpu.telemetry
-    except AttributeError:
+    except AttributeError:  # no reading yet (the reverse one-to-one raises a subclass of it)
         return None
-    if reading is None:
-        return None
+    return reading_data(reading)
+
+
+def reading_data(reading: GpuTelemetry) -> dict[str, Any]:
     data: dict[str, Any] = {"at": _iso(reading.at)}
     data.update({field: getattr(reading, field) for field in TELEMETRY_FIELDS})
     data["processes"] = [
@@ -89,6 +93,13 @@ def _telemetry(gpu: Any) -> dict[str, Any] | None:
         if isinstance(p, dict)
     ]
     return data
+
+
+def _reading_for_viewer(data: dict[str, Any] | None, admin: bool) -> dict[str, Any] | None:
+    if data is None or admin:
+        return data
+    processes = [{k: v for k, v in p.items() if k not in ADMIN_ONLY_PROCESS_FIELDS} for p in data["processes"]]
+    return {**data, "processes": processes}
 
 
 def _agent(state: AgentState | None) -> dict[str, Any] | None:
@@ -115,8 +126,11 @@ def _gpu_state(*, online: bool, node: Node, gpu: Any, window: MaintenanceWindow 
     return "in_use" if gpu.current_reservation is not None else "free"
 
 
-def fleet_status(*, now: datetime | None = None, node_ids: Iterable[int] | None = None) -> list[dict[str, Any]]:
-    """Every node (or those of ``node_ids``) with its GPUs' cards, in full (admin) detail."""
+def fleet_status(
+    *, now: datetime | None = None, node_ids: Iterable[int] | None = None, history: bool = False
+) -> list[dict[str, Any]]:
+    """Every node (or those of ``node_ids``) with its GPUs' cards, in full (admin) detail; with
+    ``history``, each card also carries its last minutes of utilisation (nodes.history)."""
     now = now or timezone.now()
     nodes = Node.objects.select_related("agent_state").order_by("name")
     gpus = selectors.gpu_list(now=now).filter(parent__isnull=True).select_related("telemetry")
@@ -157,6 +171,11 @@ def fleet_status(*, now: datetime | None = None, node_ids: Iterable[int] | None 
                 "telemetry": _telemetry(gpu),
             }
         )
+    if history:
+        recent = history_of([card["id"] for node_cards in cards.values() for card in node_cards])
+        for node_cards in cards.values():
+            for card in node_cards:
+                card["history"] = recent.get(card["id"], [])
     result = []
     for node in nodes:
         state = getattr(node, "agent_state", None)
@@ -181,18 +200,11 @@ def for_viewer(nodes: list[dict[str, Any]], *, admin: bool) -> list[dict[str, An
         return nodes
     shown = []
     for node in nodes:
-        gpus = []
-        for gpu in node["gpus"]:
-            telemetry = gpu["telemetry"]
-            if telemetry is not None:
-                telemetry = {
-                    **telemetry,
-                    "processes": [
-                        {k: v for k, v in p.items() if k not in ADMIN_ONLY_PROCESS_FIELDS}
-                        for p in telemetry["processes"]
-                    ],
-                }
-            gpus.append({k: v for k, v in gpu.items() if k not in ADMIN_ONLY_GPU_FIELDS} | {"telemetry": telemetry})
+        gpus = [
+            {k: v for k, v in gpu.items() if k not in ADMIN_ONLY_GPU_FIELDS}
+            | {"telemetry": _reading_for_viewer(gpu["telemetry"], admin)}
+            for gpu in node["gpus"]
+        ]
         shown.append({k: v for k, v in node.items() if k not in ADMIN_ONLY_NODE_FIELDS} | {"gpus": gpus})
     return shown
 
@@ -221,16 +233,42 @@ def _send_node_status(node_ids: list[int] | None) -> None:
     )
 
 
-def mark_offline_nodes(now: datetime | None = None) -> list[int]:
-    """Mark the agents silent for AGENT_OFFLINE_AFTER_SECONDS offline, once, and broadcast them.
+def broadcast_telemetry(*, node: Node, readings: list[GpuTelemetry], now: datetime) -> None:
+    """Once committed, send a node's new readings: the cards' other fields have not changed (a node
+    back from offline, a booking or a slot boundary sends its whole cards instead). Built from the
+    readings in hand, without a query: this runs for every report of every node."""
+    data = {reading.gpu_id: reading_data(reading) for reading in readings}
 
-    The update repeats the silence condition, so an agent that reports meanwhile is not marked.
+    def cut(admin: bool) -> dict[str, Any]:
+        gpus = {str(gpu_id): _reading_for_viewer(reading, admin) for gpu_id, reading in data.items()}
+        return {"last_seen": now.isoformat(), "gpus": gpus}
+
+    transaction.on_commit(lambda: broadcast.send_telemetry(node=node.name, admin=cut(True), user=cut(False)))
+
+
+def refresh_status(now: datetime | None = None) -> list[int]:
+    """Beat, every STATUS_REFRESH_SECONDS: re-send the cards that changed with time alone.
+
+    - Agents silent for AGENT_OFFLINE_AFTER_SECONDS are marked offline, once. The update repeats
+      the silence condition, so an agent that reports meanwhile is not marked.
+    - Nodes where a booking or a maintenance window began or ended since the last run: their
+      holders, next bookings and states moved on.
+
+    Returns the ids of the nodes re-sent.
     """
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.AGENT_OFFLINE_AFTER_SECONDS)
     silent = AgentState.objects.filter(last_seen__lt=cutoff, offline_since__isnull=True)
-    ids = list(silent.values_list("node_id", flat=True))
-    if ids:
-        silent.filter(node_id__in=ids).update(offline_since=now)
-        broadcast_node_status(ids)
+    offline = list(silent.values_list("node_id", flat=True))
+    if offline:
+        silent.filter(node_id__in=offline).update(offline_since=now)
+
+    # A little overlap with the previous run: a boundary re-sent twice costs nothing.
+    since = now - timedelta(seconds=settings.STATUS_REFRESH_SECONDS + 2)
+    passed = Q(start__gt=since, start__lte=now) | Q(end__gt=since, end__lte=now)
+    turned = set(Allocation.objects.filter(passed, active=True).values_list("gpu__node_id", flat=True))
+    turned |= set(MaintenanceWindow.objects.filter(passed).values_list("node_id", flat=True))
+
+    ids = sorted(set(offline) | turned)
+    broadcast_node_status(ids)
     return ids

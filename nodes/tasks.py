@@ -1,4 +1,4 @@
-"""Celery tasks of the portal for nodes: pushing lease snapshots to the agents, noticing silent ones."""
+"""Celery tasks of the portal for nodes: pushing lease snapshots to the agents, keeping the status pages current."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from celery import shared_task
 
 from nodes.models import Node
 from nodes.pushes import clear_pending, pushed_nodes, send_snapshot
-from nodes.status import mark_offline_nodes
+from nodes.status import refresh_status
 
 
 @shared_task(name="nodes.push_node_leases", ignore_result=True)
@@ -29,7 +29,8 @@ def push_all_leases() -> int:
     return len(nodes)
 
 
-@shared_task(name="nodes.mark_offline_nodes", ignore_result=True)
-def mark_silent_nodes_offline() -> int:
-    """Beat, every OFFLINE_CHECK_SECONDS: nodes silent too long turn offline on every status page."""
-    return len(mark_offline_nodes())
+@shared_task(name="nodes.refresh_status", ignore_result=True)
+def refresh_live_status() -> int:
+    """Beat, every STATUS_REFRESH_SECONDS: silent nodes turn offline on every status page, and the
+    cards of nodes where a slot or maintenance began or ended are sent again."""
+    return len(refresh_status())

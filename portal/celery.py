@@ -17,10 +17,10 @@ app.autodiscover_tasks()
 app.conf.beat_schedule = {
     # Level-triggered leases: every node gets its whole state again, repairing any lost push.
     "push-all-leases": {"task": "nodes.push_all_leases", "schedule": 60.0, "options": {"expires": 55}},
-    # Silent agents: their nodes are shown offline on the status page (and back when they report).
-    "mark-offline-nodes": {
-        "task": "nodes.mark_offline_nodes",
-        "schedule": float(settings.OFFLINE_CHECK_SECONDS),
-        "options": {"expires": settings.OFFLINE_CHECK_SECONDS},
+    # Status pages: silent agents' nodes turn offline; slot and maintenance boundaries re-sent.
+    "refresh-status": {
+        "task": "nodes.refresh_status",
+        "schedule": float(settings.STATUS_REFRESH_SECONDS),
+        "options": {"expires": settings.STATUS_REFRESH_SECONDS},
     },
 }

@@ -182,28 +182,26 @@ LEASE_PUSH_EXPIRES_SECONDS = envint("LEASE_PUSH_EXPIRES_SECONDS", 120)
 # A node whose agent has not reported for this long is shown offline.
 AGENT_OFFLINE_AFTER_SECONDS = envint("AGENT_OFFLINE_AFTER_SECONDS", 40)
 
-# Live updates over websockets (live/). The channel layer shares Redis with Celery. redis-py 8
-# would time an idle reader out after 5 s (socket_timeout None keeps it); a client that falls
-# more than LIVE_CHANNEL_CAPACITY messages behind loses the oldest, and resynchronises from the
-# snapshot it gets on reconnecting.
+# Live updates over websockets (live/), through Redis. The pub/sub layer of channels-redis: a
+# broadcast is one PUBLISH that each web process fans out to its own connections in memory, where
+# the list-based core layer writes one Redis entry per connection (500 pages: 500 writes, then 500
+# reads; bench/live.py measured both). Delivery is at most once, as for any live view: a page
+# that was away resynchronises from the snapshot it gets when it reconnects. redis-py 8 would time
+# an idle reader out after 5 s: socket_timeout None keeps it.
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {
-            "hosts": [{"address": envstr("CHANNEL_LAYER_URL", REDIS_URL), "socket_timeout": None}],
-            "capacity": envint("LIVE_CHANNEL_CAPACITY", 1000),
-            "expiry": 60,
-            # A connection re-joins its groups every LIVE_REJOIN_SECONDS, well inside this.
-            "group_expiry": 86400,
-        },
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": [{"address": envstr("CHANNEL_LAYER_URL", REDIS_URL), "socket_timeout": None}]},
     }
 }
-LIVE_REJOIN_SECONDS = 3600
+# Telemetry reaches the pages in batches at most this often (live.broadcast._TelemetryBatch): the
+# first report after a quiet spell goes at once, a burst goes together.
+LIVE_TELEMETRY_BATCH_MS = envint("LIVE_TELEMETRY_BATCH_MS", 500)
 # How often a connection checks again that its user is still active and its token unrevoked.
 LIVE_RECHECK_SECONDS = envint("LIVE_RECHECK_SECONDS", 60)
-# How often beat looks for nodes that went silent (their cards turn offline within this much
-# more than AGENT_OFFLINE_AFTER_SECONDS).
-OFFLINE_CHECK_SECONDS = envint("OFFLINE_CHECK_SECONDS", 10)
+# How often beat refreshes the status pages: silent nodes turn offline (within this much more than
+# AGENT_OFFLINE_AFTER_SECONDS), and cards where a slot or maintenance began or ended are re-sent.
+STATUS_REFRESH_SECONDS = envint("STATUS_REFRESH_SECONDS", 10)
 
 # Booking rules that are settings rather than per-group limits (see docs/booking-rules.md).
 BOOKING_GRID_MINUTES = envint("BOOKING_GRID_MINUTES", 15)

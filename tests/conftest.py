@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
 
 from nodes.models import Node
 from tests.factories import UserFactory, node_with_gpus
@@ -57,3 +58,46 @@ def clock(time_machine):
 def at(hours: float = 0, days: float = 0) -> datetime:
     """A moment relative to MONDAY_9."""
     return MONDAY_9 + timedelta(hours=hours, days=days)
+
+
+@pytest.fixture
+def asgi_server(transactional_db):
+    """daphne serving portal.asgi (tests/live/server.py) on the test database. The server reads
+    over its own connections, so the test's writes must be committed (transactional_db)."""
+    from tests.live.server import AsgiServer
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the ASGI server subprocess shares the test database: PostgreSQL only")
+    server = AsgiServer(LIVE_RECHECK_SECONDS="1")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def live_lab(transactional_db):
+    """For the live tests: node live-a100 with two GPUs and its agent's token; researcher rita and
+    admin adam, each with an API token."""
+    from accounts.services import api_token_create
+    from nodes.history import forget_all
+    from nodes.models import Gpu
+    from nodes.services import node_register
+
+    forget_all()  # a test database reuses GPU ids: no sparkline left from an earlier run
+
+    credentials = node_register(name="live-a100", hostname="a100.lab")
+    gpus = [
+        Gpu.objects.create(node=credentials.node, index=i, uuid=f"GPU-live-{i}", model="NVIDIA A100", memory_mib=81920)
+        for i in range(2)
+    ]
+    researcher = UserFactory(username="rita")
+    admin = UserFactory(username="adam", is_staff=True)
+    return {
+        "node": credentials.node,
+        "agent_token": credentials.agent_token,
+        "gpus": gpus,
+        "researcher": researcher,
+        "admin": admin,
+        "researcher_token": api_token_create(user=researcher, name="ws")[1],
+        "admin_token": api_token_create(user=admin, name="ws")[1],
+    }

@@ -1,8 +1,9 @@
 /* The GPU status page (templates/nodes/status.html): one card per GPU, grouped by node.
  *
  * The page arrives with the fleet's cards (config.status); the websocket topic "status" then sends
- * a full snapshot on (re)connecting and each node's fresh cards whenever its agent reports or a
- * booking, maintenance window or drain changes it (nodes/status.py builds them; this only draws).
+ * a full snapshot on (re)connecting, each node's new readings as its agent reports them, and a
+ * node's whole cards again when a booking, maintenance window, drain, slot boundary or a return
+ * from offline changes them (nodes/status.py builds them; this only draws).
  * Admins also follow "events": what the agents did and saw, newest first.
  *
  * Every value is written with textContent: names and reasons come from users and nodes.
@@ -14,7 +15,7 @@
   const fleetEl = document.getElementById('fleet');
   const eventsEl = document.getElementById('events');
   const MAX_EVENTS = 100;
-  const HISTORY = 60;  // sparkline samples kept per GPU (five minutes at the agents' 5 s)
+  const WINDOW_MS = 10 * 60000;  // the sparklines' span: the server keeps as much (nodes/history.py)
 
   const STATE_LABELS = {
     free: 'Free', in_use: 'In use', maintenance: 'Maintenance', drained: 'Drained',
@@ -59,15 +60,38 @@
 
   function remember(node) {
     for (const gpu of node.gpus) {
+      let list = gpu.history ? gpu.history.slice() : (history.get(gpu.id) ?? []);
       const reading = gpu.telemetry;
-      if (!reading || !known(reading.utilization_pct)) continue;
-      const list = history.get(gpu.id) ?? [];
-      const at = Date.parse(reading.at);
-      if (!list.length || list[list.length - 1][0] < at) {
-        list.push([at, reading.utilization_pct]);
-        history.set(gpu.id, list.slice(-HISTORY));
+      if (reading && known(reading.utilization_pct)) {
+        const at = Date.parse(reading.at);
+        if (!list.length || list[list.length - 1][0] < at) {
+          list.push([at, reading.utilization_pct]);
+        }
       }
+      const since = Date.now() - WINDOW_MS;
+      list = list.filter(([at]) => at >= since);
+      history.set(gpu.id, list);
     }
+  }
+
+  /** New readings of nodes' GPUs (batched by the server); the rest of their cards stays. A reading
+   *  older than the one shown (a batch overtaken by a whole-card update) is ignored. */
+  function applyTelemetry(message) {
+    const changed = [];
+    for (const [name, update] of Object.entries(message.nodes)) {
+      const node = nodes.get(name);
+      if (!node) continue;
+      node.last_seen = update.last_seen;
+      for (const gpu of node.gpus) {
+        const reading = update.gpus[String(gpu.id)];
+        if (reading && (!gpu.telemetry || Date.parse(reading.at) >= Date.parse(gpu.telemetry.at))) {
+          gpu.telemetry = reading;
+        }
+      }
+      remember(node);
+      changed.push(name);
+    }
+    render(changed);
   }
 
   function apply(message) {
@@ -227,15 +251,19 @@
     const svgNs = 'http://www.w3.org/2000/svg';
     const svg = document.createElementNS(svgNs, 'svg');
     svg.setAttribute('class', 'sparkline');
-    svg.setAttribute('viewBox', `0 0 ${HISTORY - 1} 100`);
+    svg.setAttribute('viewBox', '0 0 600 100');
     svg.setAttribute('preserveAspectRatio', 'none');
     svg.setAttribute('aria-hidden', 'true');
     if (points.length > 1) {
-      const offset = HISTORY - points.length;
+      const since = Date.now() - WINDOW_MS;
       const line = document.createElementNS(svgNs, 'polyline');
-      line.setAttribute('points', points.map(([, value], i) => `${offset + i},${100 - value}`).join(' '));
+      const x = (at) => Math.max(0, (600 * (at - since)) / WINDOW_MS).toFixed(1);
+      line.setAttribute('points', points.map(([at, value]) => `${x(at)},${100 - value}`).join(' '));
       svg.append(line);
     }
+    const title = document.createElementNS(svgNs, 'title');
+    title.textContent = 'Utilisation over the last 10 minutes';
+    svg.append(title);
     return svg;
   }
 
@@ -279,6 +307,8 @@
     onMessage(message) {
       if (message.type === 'nodes') {
         apply(message);
+      } else if (message.type === 'telemetry') {
+        applyTelemetry(message);
       } else if (message.type === 'events') {
         addEvents(message.events, message.node, true);
       }

@@ -13,8 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import requests
 from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+from django.contrib.sessions.backends.db import SessionStore
 from django.db import connection
+from django.utils import timezone
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
@@ -125,3 +129,54 @@ def open_client(server: AsgiServer, *, token: str | None = None, session: str | 
         headers["Cookie"] = f"{settings.SESSION_COOKIE_NAME}={session}"
     websocket = ws_connect(server.ws_url, additional_headers=headers, origin=origin, open_timeout=10, legacy=True)
     return LiveClient(websocket)
+
+
+# --- what a browser or an agent sends ---------------------------------------------------------
+
+
+def session_for(user) -> str:
+    """A logged-in session of ``user``, as the login form would create it: the cookie's value."""
+    session = SessionStore()
+    session[SESSION_KEY] = str(user.pk)
+    session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    session[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    session.create()
+    return session.session_key
+
+
+def post_agent(server: AsgiServer, lab: dict[str, Any], endpoint: str, body: dict[str, Any]) -> requests.Response:
+    """POST a report to the server as the lab node's agent."""
+    return requests.post(
+        f"{server.url}/api/v1/agent/{endpoint}/",
+        json=body,
+        headers={"Authorization": f"Bearer {lab['agent_token']}"},
+        timeout=10,
+    )
+
+
+def heartbeat() -> dict[str, Any]:
+    return {
+        "sent_at": timezone.now().isoformat(),
+        "agent_version": "0.1.0",
+        "backend": "simulated",
+        "applied_version": 1,
+        "acls": {},
+        "drained": [],
+    }
+
+
+def telemetry(utilization: int, uuid: str = "GPU-live-0") -> dict[str, Any]:
+    return {
+        "sent_at": timezone.now().isoformat(),
+        "gpus": [
+            {
+                "uuid": uuid,
+                "utilization_pct": utilization,
+                "memory_used_mib": 4096,
+                "memory_total_mib": 81920,
+                "temperature_c": 64,
+                "power_w": 231.0,
+                "processes": [{"pid": 4242, "user": "rita", "used_memory_mib": 4000}],
+            }
+        ],
+    }

@@ -9,88 +9,19 @@ import pytest
 import requests
 from celery.contrib.testing.worker import start_worker
 from django.conf import settings
-from django.contrib.sessions.backends.db import SessionStore
 from django.utils import timezone
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from accounts.services import api_token_create, api_token_revoke
-from nodes.models import AgentState, Gpu, Node
-from nodes.services import node_register
-from nodes.tasks import mark_silent_nodes_offline
+from accounts.services import api_token_revoke
+from nodes.models import AgentState, Node
+from nodes.status import refresh_status
+from nodes.tasks import refresh_live_status
 from portal.celery import app
-from reservations.models import MaintenanceWindow
+from reservations.models import Allocation, MaintenanceWindow, Reservation
 from reservations.services import reservation_create
-from tests.factories import UserFactory
-from tests.live.server import open_client
+from tests.live.server import heartbeat, open_client, post_agent, session_for, telemetry
 
 pytestmark = pytest.mark.postgres_only
-
-
-@pytest.fixture
-def lab(transactional_db):
-    """A node with two GPUs and its agent's token; a researcher and an admin with API tokens."""
-    credentials = node_register(name="live-a100", hostname="a100.lab")
-    gpus = [
-        Gpu.objects.create(node=credentials.node, index=i, uuid=f"GPU-live-{i}", model="NVIDIA A100", memory_mib=81920)
-        for i in range(2)
-    ]
-    researcher = UserFactory(username="rita")
-    admin = UserFactory(username="adam", is_staff=True)
-    return {
-        "node": credentials.node,
-        "agent_token": credentials.agent_token,
-        "gpus": gpus,
-        "researcher": researcher,
-        "admin": admin,
-        "researcher_token": api_token_create(user=researcher, name="ws")[1],
-        "admin_token": api_token_create(user=admin, name="ws")[1],
-    }
-
-
-def session_for(user) -> str:
-    session = SessionStore()
-    session["_auth_user_id"] = str(user.pk)
-    session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
-    session["_auth_user_hash"] = user.get_session_auth_hash()
-    session.create()
-    return session.session_key
-
-
-def post_agent(server, lab, endpoint: str, body: dict) -> requests.Response:
-    return requests.post(
-        f"{server.url}/api/v1/agent/{endpoint}/",
-        json=body,
-        headers={"Authorization": f"Bearer {lab['agent_token']}"},
-        timeout=10,
-    )
-
-
-def heartbeat() -> dict:
-    return {
-        "sent_at": timezone.now().isoformat(),
-        "agent_version": "0.1.0",
-        "backend": "simulated",
-        "applied_version": 1,
-        "acls": {},
-        "drained": [],
-    }
-
-
-def telemetry(utilization: int) -> dict:
-    return {
-        "sent_at": timezone.now().isoformat(),
-        "gpus": [
-            {
-                "uuid": "GPU-live-0",
-                "utilization_pct": utilization,
-                "memory_used_mib": 4096,
-                "memory_total_mib": 81920,
-                "temperature_c": 64,
-                "power_w": 231.0,
-                "processes": [{"pid": 4242, "user": "rita", "used_memory_mib": 4000}],
-            }
-        ],
-    }
 
 
 def closed_with(client) -> int:
@@ -115,7 +46,7 @@ def gpu_card(message: dict, node: str, index: int) -> dict:
 # --- who may connect --------------------------------------------------------------------------
 
 
-def test_a_page_without_a_login_is_told_to_log_in_and_closed(asgi_server, lab):
+def test_a_page_without_a_login_is_told_to_log_in_and_closed(asgi_server, live_lab):
     client = open_client(asgi_server, origin=asgi_server.url)
     error = client.next()
     assert (error["type"], error["code"]) == ("error", "not_authenticated")
@@ -123,8 +54,8 @@ def test_a_page_without_a_login_is_told_to_log_in_and_closed(asgi_server, lab):
     assert closed_with(client) == 4401
 
 
-def test_a_logged_in_page_of_the_portal_gets_the_status_snapshot(asgi_server, lab):
-    client = open_client(asgi_server, session=session_for(lab["researcher"]), origin=asgi_server.url)
+def test_a_logged_in_page_of_the_portal_gets_the_status_snapshot(asgi_server, live_lab):
+    client = open_client(asgi_server, session=session_for(live_lab["researcher"]), origin=asgi_server.url)
     messages = client.subscribe("status")
     snapshot, subscribed = messages[0], messages[-1]
     assert subscribed == {"type": "subscribed", "topics": ["status"]}
@@ -133,43 +64,43 @@ def test_a_logged_in_page_of_the_portal_gets_the_status_snapshot(asgi_server, la
     client.close()
 
 
-def test_another_sites_page_is_refused_even_with_a_valid_session(asgi_server, lab):
+def test_another_sites_page_is_refused_even_with_a_valid_session(asgi_server, live_lab):
     # Cross-site websocket hijacking: the browser would send our cookie from evil.example.
     with pytest.raises(InvalidStatus) as refused:
-        open_client(asgi_server, session=session_for(lab["admin"]), origin="http://evil.example")
+        open_client(asgi_server, session=session_for(live_lab["admin"]), origin="http://evil.example")
     assert refused.value.response.status_code == 403
     # The same host on another port is another origin too.
     with pytest.raises(InvalidStatus):
-        open_client(asgi_server, session=session_for(lab["admin"]), origin="http://127.0.0.1:1")
+        open_client(asgi_server, session=session_for(live_lab["admin"]), origin="http://127.0.0.1:1")
 
 
-def test_a_session_cookie_without_an_origin_is_not_enough(asgi_server, lab):
-    client = open_client(asgi_server, session=session_for(lab["researcher"]))
+def test_a_session_cookie_without_an_origin_is_not_enough(asgi_server, live_lab):
+    client = open_client(asgi_server, session=session_for(live_lab["researcher"]))
     error = client.next()
     assert error["code"] == "not_authenticated" and "Bearer" in error["message"]
     assert closed_with(client) == 4401
 
 
-def test_a_script_connects_with_its_api_token_and_no_origin(asgi_server, lab):
-    client = open_client(asgi_server, token=lab["researcher_token"])
+def test_a_script_connects_with_its_api_token_and_no_origin(asgi_server, live_lab):
+    client = open_client(asgi_server, token=live_lab["researcher_token"])
     assert client.subscribe("status", "calendar")[-1]["topics"] == ["calendar", "status"]
     client.close()
 
 
 @pytest.mark.parametrize("token", ["gpb_not-a-real-token", "agent"])
-def test_a_bad_or_node_token_is_refused_with_the_reason(asgi_server, lab, token):
-    client = open_client(asgi_server, token=lab["agent_token"] if token == "agent" else token)
+def test_a_bad_or_node_token_is_refused_with_the_reason(asgi_server, live_lab, token):
+    client = open_client(asgi_server, token=live_lab["agent_token"] if token == "agent" else token)
     error = client.next()
     assert error["code"] == "not_authenticated"
     assert error["message"] == "Unknown or revoked API token."
     assert closed_with(client) == 4401
 
 
-def test_a_revoked_token_loses_its_open_connection(asgi_server, lab):
-    client = open_client(asgi_server, token=lab["researcher_token"])
+def test_a_revoked_token_loses_its_open_connection(asgi_server, live_lab):
+    client = open_client(asgi_server, token=live_lab["researcher_token"])
     client.subscribe("calendar")
-    token = lab["researcher"].api_tokens.get()
-    api_token_revoke(token=token, actor=lab["researcher"])
+    token = live_lab["researcher"].api_tokens.get()
+    api_token_revoke(token=token, actor=live_lab["researcher"])
     # The server re-checks every LIVE_RECHECK_SECONDS (1 s here).
     error = client.wait_for(lambda m: m["type"] == "error", timeout=10)
     assert "no longer valid" in error["message"]
@@ -179,18 +110,18 @@ def test_a_revoked_token_loses_its_open_connection(asgi_server, lab):
 # --- who may subscribe to what, and what each sees --------------------------------------------
 
 
-def test_only_admins_may_follow_the_agents_events(asgi_server, lab):
-    researcher = open_client(asgi_server, token=lab["researcher_token"])
+def test_only_admins_may_follow_the_agents_events(asgi_server, live_lab):
+    researcher = open_client(asgi_server, token=live_lab["researcher_token"])
     messages = researcher.subscribe("events", "calendar", "gossip")
     errors = [m for m in messages if m["type"] == "error"]
     assert [e["code"] for e in errors] == ["forbidden", "unknown_topic"]
     assert messages[-1]["topics"] == ["calendar"]
 
-    admin = open_client(asgi_server, token=lab["admin_token"])
+    admin = open_client(asgi_server, token=live_lab["admin_token"])
     assert admin.subscribe("events")[-1]["topics"] == ["events"]
     post_agent(
         asgi_server,
-        lab,
+        live_lab,
         "events",
         {"events": [{"kind": "violation", "at": timezone.now().isoformat(), "gpu": "GPU-live-1", "user": "mallory"}]},
     ).raise_for_status()
@@ -204,53 +135,74 @@ def test_only_admins_may_follow_the_agents_events(asgi_server, lab):
     admin.close()
 
 
-def test_telemetry_reaches_every_status_page_as_the_api_would_show_it(asgi_server, lab):
-    researcher = open_client(asgi_server, token=lab["researcher_token"])
-    admin = open_client(asgi_server, session=session_for(lab["admin"]), origin=asgi_server.url)
+def test_telemetry_reaches_every_status_page_as_the_api_would_show_it(asgi_server, live_lab):
+    researcher = open_client(asgi_server, token=live_lab["researcher_token"])
+    admin = open_client(asgi_server, session=session_for(live_lab["admin"]), origin=asgi_server.url)
     researcher.subscribe("status")
     admin.subscribe("status")
-    post_agent(asgi_server, lab, "heartbeat", heartbeat()).raise_for_status()
-    post_agent(asgi_server, lab, "telemetry", telemetry(utilization=93)).raise_for_status()
+    gpu_id = str(live_lab["gpus"][0].pk)
 
-    def has_reading(message):
-        return (
-            message["type"] == "nodes"
-            and (gpu_card(message, "live-a100", 0)["telemetry"] or {}).get("utilization_pct") == 93
-        )
+    # The node comes online: its whole cards, with the agent's details for admins only.
+    post_agent(asgi_server, live_lab, "heartbeat", heartbeat()).raise_for_status()
+    online = lambda m: m["type"] == "nodes" and m["nodes"][0]["online"]  # noqa: E731
+    assert "agent" not in researcher.wait_for(online)["nodes"][0]
+    assert admin.wait_for(online)["nodes"][0]["agent"]["backend"] == "simulated"
 
-    seen_by_researcher = gpu_card(researcher.wait_for(has_reading), "live-a100", 0)
-    seen_by_admin_message = admin.wait_for(has_reading)
-    seen_by_admin = gpu_card(seen_by_admin_message, "live-a100", 0)
-    assert seen_by_researcher["state"] == "free"
-    assert seen_by_researcher["telemetry"]["processes"] == [{"user": "rita", "used_memory_mib": 4000}]
-    assert seen_by_admin["telemetry"]["processes"] == [{"pid": 4242, "user": "rita", "used_memory_mib": 4000}]
-    assert "drain_reason" not in seen_by_researcher and "drain_reason" in seen_by_admin
-    admin_node = next(n for n in seen_by_admin_message["nodes"] if n["name"] == "live-a100")
-    assert admin_node["agent"]["backend"] == "simulated"
+    # Then each report: the new readings alone.
+    post_agent(asgi_server, live_lab, "telemetry", telemetry(utilization=93)).raise_for_status()
+    seen_by_researcher = researcher.wait_for(lambda m: m["type"] == "telemetry")["nodes"]["live-a100"]
+    seen_by_admin = admin.wait_for(lambda m: m["type"] == "telemetry")["nodes"]["live-a100"]
+    assert list(seen_by_researcher["gpus"]) == [gpu_id]
+    reading = seen_by_researcher["gpus"][gpu_id]
+    assert (reading["utilization_pct"], reading["temperature_c"], reading["power_w"]) == (93, 64, 231.0)
+    assert reading["processes"] == [{"user": "rita", "used_memory_mib": 4000}]
+    assert seen_by_admin["gpus"][gpu_id]["processes"] == [{"pid": 4242, "user": "rita", "used_memory_mib": 4000}]
 
     # The REST API shows each of them the same cut.
-    for user, token in ((lab["researcher"], lab["researcher_token"]), (lab["admin"], lab["admin_token"])):
+    for who, seen in (("researcher", seen_by_researcher), ("admin", seen_by_admin)):
         answer = requests.get(
-            f"{asgi_server.url}/api/v1/status/", headers={"Authorization": f"Bearer {token}"}, timeout=10
+            f"{asgi_server.url}/api/v1/status/",
+            headers={"Authorization": f"Bearer {live_lab[f'{who}_token']}"},
+            timeout=10,
         )
         card = gpu_card(answer.json(), "live-a100", 0)
-        expected = seen_by_admin if user.is_staff else seen_by_researcher
-        assert card["telemetry"]["processes"] == expected["telemetry"]["processes"]
+        assert card["telemetry"]["processes"] == seen["gpus"][gpu_id]["processes"]
+        assert ("drain_reason" in card) == (who == "admin")
+        assert [point[1] for point in card["history"]] == [93]  # the sparkline's first point
     researcher.close()
     admin.close()
 
 
-def test_a_booking_tells_calendars_where_and_when_and_updates_the_holder(asgi_server, lab):
-    watcher = open_client(asgi_server, token=lab["admin_token"])
+def test_a_slot_that_begins_changes_the_holder_on_every_page(asgi_server, live_lab):
+    watcher = open_client(asgi_server, token=live_lab["researcher_token"])
+    watcher.subscribe("status")
+    now = timezone.now()
+    booking = Reservation.objects.create(
+        user=live_lab["researcher"],
+        node=live_lab["node"],
+        start=now - timedelta(seconds=1),  # it began a moment ago: no booking change announced it
+        end=now + timedelta(hours=1),
+        status=Reservation.Status.APPROVED,
+        created_by=live_lab["researcher"],
+    )
+    Allocation.objects.create(reservation=booking, gpu=live_lab["gpus"][1], start=booking.start, end=booking.end)
+    assert refresh_status() == [live_lab["node"].pk]  # beat, every STATUS_REFRESH_SECONDS
+    card = gpu_card(watcher.wait_for(lambda m: m["type"] == "nodes"), "live-a100", 1)
+    assert card["current"]["user"] == "rita"
+    watcher.close()
+
+
+def test_a_booking_tells_calendars_where_and_when_and_updates_the_holder(asgi_server, live_lab):
+    watcher = open_client(asgi_server, token=live_lab["admin_token"])
     watcher.subscribe("calendar", "status")
     start = (timezone.now() + timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
     reservation_create(
-        user=lab["researcher"],
-        gpus=[lab["gpus"][1]],
+        user=live_lab["researcher"],
+        gpus=[live_lab["gpus"][1]],
         start=start,
         end=start + timedelta(hours=2),
         purpose="secret thesis experiment",
-        actor=lab["researcher"],
+        actor=live_lab["researcher"],
     )
     change, nodes = first_of_each(watcher, "calendar", "nodes")
     assert change["node"] == "live-a100"
@@ -261,11 +213,11 @@ def test_a_booking_tells_calendars_where_and_when_and_updates_the_holder(asgi_se
     watcher.close()
 
 
-def test_a_maintenance_window_edited_by_an_admin_is_announced(asgi_server, lab):
-    watcher = open_client(asgi_server, token=lab["researcher_token"])
+def test_a_maintenance_window_edited_by_an_admin_is_announced(asgi_server, live_lab):
+    watcher = open_client(asgi_server, token=live_lab["researcher_token"])
     watcher.subscribe("calendar", "status")
     now = timezone.now()
-    MaintenanceWindow.objects.create(node=lab["node"], start=now, end=now + timedelta(hours=1), reason="new PSU")
+    MaintenanceWindow.objects.create(node=live_lab["node"], start=now, end=now + timedelta(hours=1), reason="new PSU")
     change, nodes = first_of_each(watcher, "calendar", "nodes")
     assert change["node"] == "live-a100"
     assert gpu_card(nodes, "live-a100", 0)["maintenance"]["reason"] == "new PSU"
@@ -275,32 +227,32 @@ def test_a_maintenance_window_edited_by_an_admin_is_announced(asgi_server, lab):
 # --- offline and back -------------------------------------------------------------------------
 
 
-def test_a_silent_node_turns_offline_and_back_online_when_it_reports(asgi_server, lab):
-    watcher = open_client(asgi_server, token=lab["researcher_token"])
-    post_agent(asgi_server, lab, "heartbeat", heartbeat()).raise_for_status()
+def test_a_silent_node_turns_offline_and_back_online_when_it_reports(asgi_server, live_lab):
+    watcher = open_client(asgi_server, token=live_lab["researcher_token"])
+    post_agent(asgi_server, live_lab, "heartbeat", heartbeat()).raise_for_status()
     snapshot = watcher.subscribe("status")[0]
     assert next(n for n in snapshot["nodes"] if n["name"] == "live-a100")["online"] is True
 
     silent_since = timezone.now() - timedelta(seconds=settings.AGENT_OFFLINE_AFTER_SECONDS + 5)
-    AgentState.objects.filter(node=lab["node"]).update(last_seen=silent_since)
+    AgentState.objects.filter(node=live_lab["node"]).update(last_seen=silent_since)
     with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
-        mark_silent_nodes_offline.delay()  # what beat sends every OFFLINE_CHECK_SECONDS
+        refresh_live_status.delay()  # what beat sends every STATUS_REFRESH_SECONDS
         offline = watcher.wait_for(lambda m: m["type"] == "nodes", timeout=15)
     node = next(n for n in offline["nodes"] if n["name"] == "live-a100")
     assert node["online"] is False
     assert {gpu["state"] for gpu in node["gpus"]} == {"offline"}
-    assert AgentState.objects.get(node=lab["node"]).offline_since is not None
+    assert AgentState.objects.get(node=live_lab["node"]).offline_since is not None
 
-    post_agent(asgi_server, lab, "heartbeat", heartbeat()).raise_for_status()
+    post_agent(asgi_server, live_lab, "heartbeat", heartbeat()).raise_for_status()
     back = watcher.wait_for(lambda m: m["type"] == "nodes")
     assert next(n for n in back["nodes"] if n["name"] == "live-a100")["online"] is True
     watcher.close()
 
 
-def test_a_node_deleted_in_admin_disappears_from_every_page(asgi_server, lab):
-    watcher = open_client(asgi_server, token=lab["researcher_token"])
+def test_a_node_deleted_in_admin_disappears_from_every_page(asgi_server, live_lab):
+    watcher = open_client(asgi_server, token=live_lab["researcher_token"])
     watcher.subscribe("status")
-    Node.objects.filter(pk=lab["node"].pk).delete()
+    Node.objects.filter(pk=live_lab["node"].pk).delete()
     full = watcher.wait_for(lambda m: m["type"] == "nodes" and m["full"])
     assert "live-a100" not in [n["name"] for n in full["nodes"]]
     watcher.close()
@@ -318,8 +270,8 @@ def test_a_node_deleted_in_admin_disappears_from_every_page(asgi_server, lab):
         ("x" * 5000, "at most 4096"),
     ],
 )
-def test_malformed_messages_get_an_explanation_and_keep_the_connection(asgi_server, lab, message, expected):
-    client = open_client(asgi_server, token=lab["researcher_token"])
+def test_malformed_messages_get_an_explanation_and_keep_the_connection(asgi_server, live_lab, message, expected):
+    client = open_client(asgi_server, token=live_lab["researcher_token"])
     client.send(message)
     error = client.next()
     assert error["type"] == "error" and expected in error["message"]
@@ -327,16 +279,16 @@ def test_malformed_messages_get_an_explanation_and_keep_the_connection(asgi_serv
     client.close()
 
 
-def test_after_a_server_restart_a_client_reconnects_and_gets_updates_again(asgi_server, lab):
-    client = open_client(asgi_server, token=lab["researcher_token"])
+def test_after_a_server_restart_a_client_reconnects_and_gets_updates_again(asgi_server, live_lab):
+    client = open_client(asgi_server, token=live_lab["researcher_token"])
     client.subscribe("status")
     asgi_server.stop()
     with pytest.raises(ConnectionClosed):
         client.next(timeout=10)
     asgi_server.start()
-    client = open_client(asgi_server, token=lab["researcher_token"])
+    client = open_client(asgi_server, token=live_lab["researcher_token"])
     assert client.subscribe("status")[0]["full"] is True
-    post_agent(asgi_server, lab, "heartbeat", heartbeat()).raise_for_status()
-    post_agent(asgi_server, lab, "telemetry", telemetry(utilization=12)).raise_for_status()
+    post_agent(asgi_server, live_lab, "heartbeat", heartbeat()).raise_for_status()
+    post_agent(asgi_server, live_lab, "telemetry", telemetry(utilization=12)).raise_for_status()
     client.wait_for(lambda m: m["type"] == "nodes" and not m["full"])
     client.close()
