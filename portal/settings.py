@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 
@@ -188,10 +189,16 @@ AGENT_OFFLINE_AFTER_SECONDS = envint("AGENT_OFFLINE_AFTER_SECONDS", 40)
 # reads; bench/live.py measured both). Delivery is at most once, as for any live view: a page
 # that was away resynchronises from the snapshot it gets when it reconnects. redis-py 8 would time
 # an idle reader out after 5 s: socket_timeout None keeps it.
+# Redis pub/sub ignores database numbers: two portals (or a portal and its tests) sharing one Redis
+# would hear each other, so the channel names carry a prefix, by default the database number.
+CHANNEL_LAYER_URL = envstr("CHANNEL_LAYER_URL", REDIS_URL)
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-        "CONFIG": {"hosts": [{"address": envstr("CHANNEL_LAYER_URL", REDIS_URL), "socket_timeout": None}]},
+        "CONFIG": {
+            "hosts": [{"address": CHANNEL_LAYER_URL, "socket_timeout": None}],
+            "prefix": envstr("CHANNEL_LAYER_PREFIX", f"gpubook{urlsplit(CHANNEL_LAYER_URL).path.strip('/') or '0'}."),
+        },
     }
 }
 # Telemetry reaches the pages in batches at most this often (live.broadcast._TelemetryBatch): the

@@ -19,7 +19,7 @@ from nodes.tasks import refresh_live_status
 from portal.celery import app
 from reservations.models import Allocation, MaintenanceWindow, Reservation
 from reservations.services import reservation_create
-from tests.live.server import heartbeat, open_client, post_agent, session_for, telemetry
+from tests.live.server import AsgiServer, heartbeat, open_client, post_agent, session_for, telemetry
 
 pytestmark = pytest.mark.postgres_only
 
@@ -256,6 +256,27 @@ def test_a_node_deleted_in_admin_disappears_from_every_page(asgi_server, live_la
     full = watcher.wait_for(lambda m: m["type"] == "nodes" and m["full"])
     assert "live-a100" not in [n["name"] for n in full["nodes"]]
     watcher.close()
+
+
+def test_a_portal_on_another_redis_database_hears_nothing_of_ours(asgi_server, live_lab):
+    # Redis pub/sub ignores database numbers: without the prefix a second portal (or the tests)
+    # on the same Redis would show our nodes on its status page.
+    redis_url = settings.REDIS_URL.rsplit("/", 1)[0] + "/14"
+    neighbour = AsgiServer(REDIS_URL=redis_url)
+    neighbour.start()
+    try:
+        theirs = open_client(neighbour, token=live_lab["researcher_token"])
+        theirs.subscribe("calendar")
+        ours = open_client(asgi_server, token=live_lab["researcher_token"])
+        ours.subscribe("calendar")
+        MaintenanceWindow.objects.create(
+            node=live_lab["node"], start=timezone.now(), end=timezone.now() + timedelta(hours=1)
+        )
+        assert ours.wait_for(lambda m: m["type"] == "calendar")["node"] == "live-a100"
+        with pytest.raises(TimeoutError):
+            theirs.next(timeout=1)
+    finally:
+        neighbour.stop()
 
 
 # --- bad input and restarts -------------------------------------------------------------------
