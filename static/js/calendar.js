@@ -14,11 +14,21 @@
  * Selections. A selection in a resource timeline stays on the row where it began, so one drag picks
  * one GPU (or a node's row); the booking dialog lists the node's GPUs as checkboxes to book several.
  *
- * Crowded ranges. EventCalendar draws every event of the range (no virtual scrolling), at about a
- * millisecond each on a slow machine: a full week of a 64-GPU lab is over 5,000 bookings. So each
- * node's row carries a summary of its load (how many of its GPUs are booked, as shading), and when
- * a range holds more than EXPAND_LIMIT bookings the nodes start collapsed: their summaries show at
- * once and a node's GPUs are drawn when it is expanded (its +/- button).
+ * Crowded ranges. EventCalendar costs about a millisecond per event it draws, whatever the event
+ * (a Svelte component, a forced layout to stack it, grid layout), with no virtual scrolling: a full
+ * week of a 64-GPU lab is over 5,000 bookings, 5 s (bench/calendar_render.py measures it). So only
+ * the bookings one may drag are EventCalendar events: your own that have not ended (drag the end to
+ * extend). Every other booking is drawn by blocksOf() as a plain, absolutely placed element inside
+ * one background event per GPU row (a "run"), which costs microseconds: it shows the holder's name,
+ * looks pending when it is, is a button (click, Enter or Space opens the same dialog as an event)
+ * and carries the full description as its accessible name. A run's element is kept for the load,
+ * so expanding or collapsing a node (which makes EventCalendar redraw every row below it) moves it
+ * instead of building it again. Laying out and painting blocks is then what costs (a dense week's
+ * 5,000 blocks, ~0.1 ms each, on every redraw), so above EAGER_BLOCKS a row's blocks are built when
+ * it comes within half a screen of what the calendar shows (an IntersectionObserver): like a virtual
+ * list, rows far out of view have no blocks yet; scrolling, or tabbing, towards them builds them
+ * before they show. Each node's row also carries a summary of its load (how many of its GPUs are
+ * booked, as shading), which is what a collapsed node shows.
  */
 'use strict';
 
@@ -28,16 +38,16 @@
   const OFFSET_MS = parseOffset(OFFSET) * 60000;
   const GRID_MS = config.grid_minutes * 60000;
   const HOUR_MS = 3600000;
+  const DAY_MS = 24 * HOUR_MS;
   const REFRESH_MS = 2 * 60000;
   const VIEW_KEY = 'gpu-calendar-view';
   const VIEWS = ['resourceTimelineDay', 'resourceTimelineWeek'];
-  const EXPAND_LIMIT = 1500;
+  const EAGER_BLOCKS = 1500;  // more bookings drawn as blocks than this: rows get theirs when near (see "Crowded ranges")
 
   const $ = (id) => document.getElementById(id);
   const calendarEl = $('calendar');
   const statusEl = $('calendar-status');
   const pageErrorEl = $('calendar-error');
-  const noteEl = $('calendar-note');
 
   // --- time ------------------------------------------------------------------------------------
 
@@ -71,19 +81,23 @@
 
   // Wall-clock strings are formatted by reading their fields as UTC: no zone arithmetic in between.
   // 24-hour times throughout, like the calendar's labels.
-  const dayTime = new Intl.DateTimeFormat(undefined, {
-    weekday: 'short', day: 'numeric', month: 'short', hour: '2-digit', minute: '2-digit', hourCycle: 'h23', timeZone: 'UTC',
-  });
-  const timeOnly = new Intl.DateTimeFormat(undefined, {hour: '2-digit', minute: '2-digit', hourCycle: 'h23', timeZone: 'UTC'});
-  const asUtc = (wall) => new Date(`${wall.slice(0, 19)}Z`);
+  // Thousands of bookings are described per load, so each day's name is formatted once ("Thu, Dec 3").
+  const dayOnly = new Intl.DateTimeFormat(undefined, {weekday: 'short', day: 'numeric', month: 'short', timeZone: 'UTC'});
+  const dayNames = new Map();
 
-  function formatWall(wall) {
-    return dayTime.format(asUtc(wall));
+  function formatDay(wall) {
+    const day = wall.slice(0, 10);
+    if (!dayNames.has(day)) {
+      dayNames.set(day, dayOnly.format(new Date(`${day}T00:00:00Z`)));
+    }
+    return dayNames.get(day);
   }
+
+  const formatWall = (wall) => `${formatDay(wall)}, ${wall.slice(11, 16)}`;
 
   function formatPeriod(startWall, endWall) {
     const sameDay = startWall.slice(0, 10) === endWall.slice(0, 10);
-    return `${formatWall(startWall)} – ${sameDay ? timeOnly.format(asUtc(endWall)) : formatWall(endWall)}`;
+    return `${formatWall(startWall)} – ${sameDay ? endWall.slice(11, 16) : formatWall(endWall)}`;
   }
 
   function formatDuration(ms) {
@@ -155,7 +169,7 @@
 
   let resources = config.resources;
   let resourcesJson = JSON.stringify(resources);
-  let collapsed = false;  // whether the nodes were last drawn collapsed (see "Crowded ranges")
+  const collapsedNodes = new Set();  // node row ids the person collapsed, kept when the rows are replaced
   let gpus = new Map();  // GPU id -> {label, node, bookable}
   let nodeRowOf = new Map();  // "gpu-12" -> "node-3"
   let rowIds = [];
@@ -175,25 +189,24 @@
   }
   indexResources();
 
-  const rows = () => resources.map((node) => ({...node, expanded: !collapsed}));
+  const rows = () => resources.map((node) => ({...node, expanded: !collapsedNodes.has(node.id)}));
 
-  /** New rows from the server, or the same rows collapsed or expanded; otherwise leaves them be. */
-  function setResources(next, collapse) {
+  /** New rows from the server; the same rows are left be (replacing them redraws everything). */
+  function setResources(next) {
     const json = JSON.stringify(next);
-    if (json === resourcesJson && collapse === collapsed) {
+    if (json === resourcesJson) {
       return;
     }
     resources = next;
     resourcesJson = json;
-    collapsed = collapse;
     indexResources();
     calendar.setOption('resources', rows());
   }
 
   const gpuLabel = (id) => gpus.get(id)?.label ?? `GPU #${id}`;
   // A booking's GPU ids, from its rows ("gpu-12" -> 12).
-  const gpuIdsOf = (event) => event.resourceIds.filter((id) => id.startsWith('gpu-')).map((id) => Number(id.slice(4)));
-  const nodeOf = (event) => gpus.get(gpuIdsOf(event)[0])?.node ?? '';
+  const gpuIdsOf = (booking) => booking.resourceIds.filter((id) => id.startsWith('gpu-')).map((id) => Number(id.slice(4)));
+  const nodeOf = (booking) => gpus.get(gpuIdsOf(booking)[0])?.node ?? '';
 
   // --- events ----------------------------------------------------------------------------------
 
@@ -203,15 +216,14 @@
       const data = await api('GET', `${config.urls.calendar}?${params}`);
       performance.mark('calendar-data');  // bench/calendar_render.py times the drawing from here
       showPageError('');
+      setResources(data.resources);
       const bookings = data.events.filter((event) => event.extendedProps.kind === 'reservation');
-      const crowded = bookings.length > EXPAND_LIMIT;
-      setResources(data.resources, crowded);
-      noteEl.hidden = !crowded;
-      noteEl.textContent = crowded
-        ? `${bookings.length.toLocaleString()} bookings in this range: the nodes start collapsed, with their load ` +
-          'shaded. Expand a node (its + button) to see its GPUs.'
-        : '';
-      return data.events.concat(nodeLoad(bookings), pastShade(info.startStr, data.now));
+      const others = data.events.filter((event) => event.extendedProps.kind !== 'reservation');
+      const draggable = bookings.filter(isDraggable);
+      return others.concat(
+        draggable, runs(bookings.filter((event) => !isDraggable(event)), info), nodeLoad(bookings),
+        pastShade(info.startStr, data.now),
+      );
     } catch (error) {
       showPageError(`The calendar could not be loaded: ${error.message}`);
       throw error;
@@ -279,6 +291,126 @@
     }];
   }
 
+  // --- bookings drawn as blocks (see "Crowded ranges") ---------------------------------------------
+
+  /** Whether a booking is an EventCalendar event: yours and not ended, so its end can be dragged. */
+  const isDraggable = (event) => event.extendedProps.mine && event.extendedProps.can_extend;
+
+  /** What the dialog and the descriptions need of a booking, from the API's event... */
+  const bookingFromApi = (event) => ({
+    title: event.title, ext: event.extendedProps, resourceIds: event.resourceIds,
+    startMs: Date.parse(event.start), endMs: Date.parse(event.end), startWall: wallAt(event.start), endWall: wallAt(event.end),
+  });
+  /** ... or from an event EventCalendar hands a callback. */
+  const bookingOf = (event) => ({
+    title: event.title, ext: event.extendedProps, resourceIds: event.resourceIds,
+    startWall: wallOf(event.start), endWall: wallOf(event.end),
+  });
+
+  let blockBookings = new Map();  // reservation id -> booking drawn as a block, for their clicks
+  let runBlocks = new Map();  // run id -> its blocks' element, built once per load
+
+  /** One background event per GPU row over the whole range, whose content is the row's blocks. */
+  function runs(list, info) {
+    const from = msOf(info.startStr);
+    const to = msOf(info.endStr);
+    blockBookings = new Map();
+    runBlocks = new Map();
+    const perRow = new Map();
+    for (const event of list) {
+      const booking = bookingFromApi(event);
+      blockBookings.set(booking.ext.reservation, booking);
+      for (const id of event.resourceIds) {
+        if (nodeRowOf.has(id)) {
+          perRow.has(id) || perRow.set(id, []);
+          perRow.get(id).push(booking);
+        }
+      }
+    }
+    return [...perRow].map(([row, bookings]) => ({
+      id: `run-${row}`, resourceIds: [row], start: isoUtc(from), end: isoUtc(to), display: 'background',
+      classNames: ['run'], extendedProps: {kind: 'run', bookings, from, span: to - from},
+    }));
+  }
+
+  /** A run's element; its blocks are built at once, or in a crowded range when its row comes near. */
+  function blocksOf(event) {
+    if (runBlocks.has(event.id)) {
+      return runBlocks.get(event.id);
+    }
+    const box = element('div', 'run-blocks', '');
+    runBlocks.set(event.id, box);
+    if (blockBookings.size <= EAGER_BLOCKS) {
+      fill(box, event.extendedProps);
+    } else {
+      // Watched once EventCalendar has put it in the page (its scroller is the observer's root).
+      requestAnimationFrame(() => box.isConnected && watchNear(box, event.extendedProps));
+    }
+    return box;
+  }
+
+  let nearby = null;  // an IntersectionObserver on the calendar's scroller
+  const unbuilt = new WeakMap();  // run element -> what to fill it with, once near
+
+  function watchNear(box, run) {
+    const root = box.closest('.ec-main');
+    if (nearby?.root !== root) {  // a new view has a new scroller
+      nearby?.disconnect();
+      nearby = new IntersectionObserver((entries) => {
+        for (const entry of entries) {
+          if (entry.isIntersecting && unbuilt.has(entry.target)) {
+            nearby.unobserve(entry.target);
+            fill(entry.target, unbuilt.get(entry.target));
+            unbuilt.delete(entry.target);
+          }
+        }
+      }, {root, rootMargin: '50% 0px'});  // half a screen above and below what shows
+    }
+    unbuilt.set(box, run);
+    nearby.observe(box);
+  }
+
+  /** One button per booking, placed by its share of the range. */
+  function fill(box, {bookings, from, span}) {
+    for (const booking of bookings) {
+      const ext = booking.ext;
+      const left = Math.max(0, (booking.startMs - from) / span);
+      const right = Math.min(1, (booking.endMs - from) / span);
+      const block = element('span', `block ${ext.status}${ext.mine ? ' mine' : ''}`, booking.title);
+      if (span <= DAY_MS) {  // the day view has room for the start, like its events
+        block.prepend(element('span', 'block-time', booking.startWall.slice(11, 16)), ' ');
+      }
+      block.style.cssText = `left:${left * 100}%;width:${(right - left) * 100}%`;
+      block.setAttribute('role', 'button');
+      block.tabIndex = 0;
+      block.dataset.reservationId = ext.reservation;
+      block.setAttribute('aria-label', describeBooking(booking));
+      box.append(block);
+    }
+  }
+
+  const blockAt = (target) => (target instanceof Element ? target.closest('.run-blocks .block') : null);
+
+  calendarEl.addEventListener('click', (jsEvent) => {
+    const block = blockAt(jsEvent.target);
+    if (block) {
+      openReservation(blockBookings.get(Number(block.dataset.reservationId)), block);
+    }
+  });
+  calendarEl.addEventListener('keydown', (jsEvent) => {
+    const block = blockAt(jsEvent.target);
+    if (block && (jsEvent.key === 'Enter' || jsEvent.key === ' ')) {
+      jsEvent.preventDefault();  // else the key would also act on what has the focus next
+      openReservation(blockBookings.get(Number(block.dataset.reservationId)), block);
+    }
+  });
+  calendarEl.addEventListener('mouseover', (jsEvent) => {
+    const block = blockAt(jsEvent.target);
+    if (block && !block.title) {
+      block.title = block.getAttribute('aria-label');
+    }
+  });
+
   function element(tag, className, text) {
     const el = document.createElement(tag);
     el.className = className;
@@ -286,12 +418,12 @@
     return el;
   }
 
-  function describeBooking(event) {
-    const ext = event.extendedProps;
+  function describeBooking(booking) {
+    const ext = booking.ext;
     const parts = [
-      ext.mine ? 'your booking' : `booked by ${event.title}`,
-      `${nodeOf(event)} ${gpuIdsOf(event).map(gpuLabel).join(', ')}`,
-      formatPeriod(wallOf(event.start), wallOf(event.end)),
+      ext.mine ? 'your booking' : `booked by ${booking.title}`,
+      `${nodeOf(booking)} ${gpuIdsOf(booking).map(gpuLabel).join(', ')}`,
+      formatPeriod(booking.startWall, booking.endWall),
     ];
     if (ext.status === 'pending') {
       parts.push('pending approval');
@@ -307,6 +439,12 @@
     if (ext.kind === 'load') {
       return {domNodes: [element('span', 'load-label', ext.label)]};
     }
+    if (ext.kind === 'run') {
+      // Until the data of a new range arrives, EventCalendar draws the old range's runs cut to the new
+      // one: their blocks would be squeezed into it.
+      const current = msOf(wallOf(view.activeStart)) === ext.from && msOf(wallOf(view.activeEnd)) === ext.from + ext.span;
+      return {domNodes: current ? [blocksOf(event)] : []};
+    }
     if (ext.kind !== 'reservation') {
       return undefined;
     }
@@ -315,7 +453,7 @@
       nodes.push(element('span', 'ec-event-time', timeText));
     }
     nodes.push(element('span', 'ec-event-title', event.title + (ext.status === 'pending' ? ' (pending)' : '')));
-    nodes.push(element('span', 'sr-only', `: ${describeBooking(event)}`));
+    nodes.push(element('span', 'sr-only', `: ${describeBooking(bookingOf(event))}`));
     return {domNodes: nodes};
   }
 
@@ -331,7 +469,7 @@
   function onEventHover({el, event}) {
     const ext = event.extendedProps;
     if (ext.kind === 'reservation') {
-      el.title = describeBooking(event);
+      el.title = describeBooking(bookingOf(event));
     }
   }
 
@@ -490,14 +628,14 @@
     return [element('dt', '', term), element('dd', '', value)];
   }
 
-  function openReservation(event, opener) {
-    const ext = event.extendedProps;
-    current = {id: ext.reservation, ext, startWall: wallOf(event.start), endWall: wallOf(event.end)};
+  function openReservation(booking, opener) {
+    const ext = booking.ext;
+    current = {id: ext.reservation, ext, startWall: booking.startWall, endWall: booking.endWall};
     heldOpener = opener;
-    held.title.textContent = ext.mine ? `Your booking #${ext.reservation}` : `Booked by ${event.title}`;
+    held.title.textContent = ext.mine ? `Your booking #${ext.reservation}` : `Booked by ${booking.title}`;
     const rows = [
-      ...detail('Holder', event.title),
-      ...detail('GPUs', `${nodeOf(event)}: ${gpuIdsOf(event).map(gpuLabel).join(', ')}`),
+      ...detail('Holder', booking.title),
+      ...detail('GPUs', `${nodeOf(booking)}: ${gpuIdsOf(booking).map(gpuLabel).join(', ')}`),
       ...detail('When', `${formatPeriod(current.startWall, current.endWall)}, ${zoneText}`),
     ];
     if (ext.status === 'pending') {
@@ -532,7 +670,7 @@
       if (jsEvent?.type === 'keydown') {
         jsEvent.preventDefault();
       }
-      openReservation(event, el);
+      openReservation(bookingOf(event), el);
     }
   }
 
@@ -616,6 +754,8 @@
     height: 'max(28rem, calc(100vh - 15rem))',
     resources: rows(),
     eventSources: [{events: loadEvents}],
+    // Each view loads exactly its range (the day view does not reuse the week's data): runs span it.
+    lazyFetching: false,
     nowIndicator: true,
     scrollTime: `${pad(Math.max(0, Number(nowWall.slice(11, 13)) - 2))}:00:00`,
     slotDuration: grid,
@@ -645,6 +785,9 @@
     eventContent: renderEvent,
     eventDidMount: onEventMounted,
     eventMouseEnter: onEventHover,
+    resourceExpand: ({resource}) => {
+      resource.expanded ? collapsedNodes.delete(resource.id) : collapsedNodes.add(resource.id);
+    },
     loading: (busy) => calendarEl.setAttribute('aria-busy', String(busy)),
     datesSet: (info) => {
       try {

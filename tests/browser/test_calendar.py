@@ -1,6 +1,8 @@
 """Booking in the calendar as a person does it: drag across the hours of a GPU row, confirm,
 see the booking; a conflict is explained in words; release, extend and drag-to-extend work;
-an admin approves a pending request and the researcher sees it approved."""
+an admin approves a pending request and the researcher sees it approved; in a densely booked
+week, others' bookings are light blocks that still name the holder and open their details, and
+your own still open their actions."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from reservations.models import Allocation, Reservation
 from reservations.services import reservation_create
 from reservations.timegrid import ceil_to_grid
 from tests.browser.conftest import log_in, save_screenshot
+from tests.factories import node_with_gpus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,6 +82,47 @@ def running_booking(user, gpu, hours: float = 2) -> Reservation:
     return booking
 
 
+def next_monday() -> datetime:
+    today = timezone.now().astimezone(UTC).date()
+    return datetime.combine(today + timedelta(days=7 - today.weekday()), time(0), tzinfo=UTC)
+
+
+def book_densely(holders, gpus, start: datetime, days: int = 7) -> list[Reservation]:
+    """Two-hour bookings back to back on every GPU for ``days`` days, the holders taken in turn,
+    every fifth one pending (written directly, as many as a full lab has)."""
+    slots = [start + timedelta(hours=2 * n) for n in range(12 * days)]
+    made = Reservation.objects.bulk_create(
+        Reservation(
+            user=holders[(g + n) % len(holders)],
+            node=gpu.node,
+            start=slot,
+            end=slot + timedelta(hours=2),
+            status=Reservation.Status.PENDING if (g + n) % 5 == 4 else Reservation.Status.APPROVED,
+            created_by=holders[(g + n) % len(holders)],
+        )
+        for g, gpu in enumerate(gpus)
+        for n, slot in enumerate(slots)
+    )
+    Allocation.objects.bulk_create(
+        Allocation(reservation=booking, gpu=gpu, start=booking.start, end=booking.end)
+        for booking, gpu in zip(made, [gpu for gpu in gpus for _ in slots], strict=True)
+    )
+    return made
+
+
+def open_next_week(page: Page) -> None:
+    page.get_by_role("button", name="Week").click()
+    expect(page.locator("#calendar")).to_have_attribute("aria-busy", "false")
+    title = page.locator(".ec-title").text_content()
+    page.get_by_role("button", name="Next week").click()
+    expect(page.locator(".ec-title")).not_to_have_text(title)
+    expect(page.locator("#calendar")).to_have_attribute("aria-busy", "false")
+
+
+def block(page: Page, reservation: Reservation):
+    return page.locator(f'.run-blocks .block[data-reservation-id="{reservation.pk}"]')
+
+
 def test_drag_across_the_hours_of_a_gpu_then_confirm_books_it(page, live_server, alice, gpus, screenshot):
     log_in(page, live_server, "alice")
     open_tomorrow(page)
@@ -105,6 +149,10 @@ def test_a_conflicting_selection_shows_the_conflict_and_books_nothing(page, live
     log_in(page, live_server, "alice")
     open_tomorrow(page)
 
+    # Bob's booking is a block on GPU 1's row that says when and whose it is.
+    bobs = page.locator(".run-blocks .block", has_text="bob")
+    expect(bobs).to_have_text("10:00 bob")
+    expect(bobs).to_have_attribute("aria-label", re.compile(r"^booked by bob, gpu-a100 GPU 1 · "))
     drag(page, 1, "11:00", "13:00", backwards=True)  # 11:00-12:00 is bob's
     dialog = page.locator("#booking-dialog")
     expect(dialog).to_be_visible()
@@ -177,3 +225,75 @@ def test_an_admin_approves_a_pending_request_and_the_researcher_sees_it(browser,
     save_screenshot(researcher, "admin-approval-seen-by-researcher")
     pending.refresh_from_db()
     assert pending.status == Reservation.Status.APPROVED
+
+
+def test_in_a_dense_week_others_bookings_are_blocks_that_name_the_holder_and_open_their_details(
+    page, live_server, alice, bob, gpus, screenshot
+):
+    made = book_densely([bob, bob, alice], gpus, next_monday())
+    wednesday_noon = next_monday() + timedelta(days=2, hours=12)
+    bobs = [b for b in made if b.user == bob and b.start >= wednesday_noon]
+    approved = next(b for b in bobs if b.status == Reservation.Status.APPROVED)
+    pending = next(b for b in bobs if b.status == Reservation.Status.PENDING)
+    log_in(page, live_server, "alice")
+    open_next_week(page)
+    screenshot("dense-week")
+
+    # Others' bookings are blocks, not calendar events, and still say whose they are.
+    expect(page.locator(f'.ec-event[data-reservation-id="{approved.pk}"]')).to_have_count(0)
+    expect(block(page, approved)).to_have_text("bob")
+    expect(block(page, approved)).to_have_attribute("aria-label", re.compile(r"^booked by bob, gpu-a100 GPU \d"))
+    expect(block(page, approved)).to_have_attribute("role", "button")
+    expect(block(page, pending)).to_have_class(re.compile(r"\bpending\b"))
+    expect(block(page, pending)).to_have_attribute("aria-label", re.compile(r"pending approval$"))
+
+    block(page, approved).click()
+    dialog = page.locator("#reservation-dialog")
+    expect(dialog.get_by_role("heading")).to_have_text("Booked by bob")
+    expect(dialog.locator("#reservation-actions")).to_be_hidden()
+    screenshot("others-details")
+    dialog.get_by_role("button", name="Close").click()
+    expect(dialog).to_be_hidden()
+
+    # From the keyboard: Enter on a focused block opens it too.
+    block(page, pending).focus()
+    page.keyboard.press("Enter")
+    expect(dialog.get_by_role("heading")).to_have_text("Booked by bob")
+    expect(dialog).to_contain_text("Pending approval")
+
+
+def test_in_a_dense_week_your_own_booking_opens_its_actions(page, live_server, alice, bob, gpus, screenshot):
+    made = book_densely([bob, bob, alice], gpus, next_monday())
+    own = next(b for b in made if b.user == alice and b.status == Reservation.Status.APPROVED)
+    log_in(page, live_server, "alice")
+    open_next_week(page)
+
+    # Yours stay calendar events (so their end can be dragged), in your colour.
+    expect(event(page, own)).to_have_class(re.compile(r"\bmine\b"))
+    event(page, own).click()
+    dialog = page.locator("#reservation-dialog")
+    expect(dialog.get_by_role("heading")).to_have_text(f"Your booking #{own.pk}")
+    expect(dialog.get_by_role("button", name="Cancel booking")).to_be_visible()
+    expect(dialog.get_by_role("button", name="+1 hour")).to_be_visible()
+    screenshot("own-actions")
+    dialog.get_by_role("button", name="Cancel booking").click()
+    expect(page.locator("#calendar-status")).to_contain_text(f"Booking #{own.pk} cancelled")
+    expect(event(page, own)).to_have_count(0)
+    own.refresh_from_db()
+    assert own.status == Reservation.Status.CANCELLED
+
+
+def test_in_a_crowded_week_rows_far_out_of_view_get_their_blocks_when_scrolled_to(
+    page, live_server, alice, bob, gpus, screenshot
+):
+    lab = gpus + [gpu for n in range(4) for gpu in node_with_gpus(8, name=f"gpu-h100-{n}").gpus.order_by("index")]
+    made = book_densely([bob, bob, alice], lab, next_monday())  # 36 GPUs: 3,024 bookings
+    last_row = next(b for b in reversed(made) if b.user == bob)
+    log_in(page, live_server, "alice")
+    open_next_week(page)
+    expect(block(page, made[0])).to_have_text("bob")  # the first row is in view
+    expect(block(page, last_row)).to_have_count(0)  # the last is far below: not built yet
+
+    page.locator(".ec-main").evaluate("main => { main.scrollTop = main.scrollHeight; }")
+    expect(block(page, last_row)).to_have_text("bob")
+    screenshot("scrolled-down")
