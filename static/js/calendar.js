@@ -309,6 +309,8 @@
 
   let blockBookings = new Map();  // reservation id -> booking drawn as a block, for their clicks
   let runBlocks = new Map();  // run id -> its blocks' element, built once per load
+  let nearby = null;  // an IntersectionObserver on the calendar's scroller, for crowded ranges
+  const unbuilt = new WeakMap();  // run element -> what to fill it with, once near
 
   /** One background event per GPU row over the whole range, whose content is the row's blocks. */
   function runs(list, info) {
@@ -316,6 +318,8 @@
     const to = msOf(info.endStr);
     blockBookings = new Map();
     runBlocks = new Map();
+    nearby?.disconnect();  // the previous load's rows are about to go
+    nearby = null;
     const perRow = new Map();
     for (const event of list) {
       const booking = bookingFromApi(event);
@@ -349,8 +353,6 @@
     return box;
   }
 
-  let nearby = null;  // an IntersectionObserver on the calendar's scroller
-  const unbuilt = new WeakMap();  // run element -> what to fill it with, once near
 
   function watchNear(box, run) {
     const root = box.closest('.ec-main');
