@@ -3,7 +3,8 @@
  * EventCalendar (static/vendor/event-calendar/) draws a resource timeline: one row per node with its
  * GPUs as child rows, time across. The rows and events of each visible range come from
  * GET /api/v1/calendar/; every change goes through the reservations API (book, cancel, release,
- * extend), and every refusal is shown in the API's own words.
+ * extend), and every refusal is shown in the API's own words. The range is loaded again when the
+ * websocket says someone changed bookings in it (see "live updates" at the end).
  *
  * Times. EventCalendar knows fixed offsets only, so the page uses the offset the user's zone has
  * now (config.time_zone.offset) for everything: a week that crosses a DST change is shown with one
@@ -40,6 +41,7 @@
   const HOUR_MS = 3600000;
   const DAY_MS = 24 * HOUR_MS;
   const REFRESH_MS = 2 * 60000;
+  const LIVE_RELOAD_DELAY_MS = 300;
   const VIEW_KEY = 'gpu-calendar-view';
   const VIEWS = ['resourceTimelineDay', 'resourceTimelineWeek'];
   const EAGER_BLOCKS = 1500;  // more bookings drawn as blocks than this: rows get theirs when near (see "Crowded ranges")
@@ -800,10 +802,61 @@
     },
   });
 
-  // Keep others' bookings and the shaded past current while the page stays open.
+  // Keep the shaded past current while the page stays open (and catch up if the live updates below
+  // ever missed something).
   setInterval(() => {
     if (!document.hidden && !booking.dialog.open && !held.dialog.open) {
       calendar.refetchEvents();
     }
   }, REFRESH_MS);
+
+  // --- live updates ----------------------------------------------------------------------------
+  // The websocket topic "calendar" (static/js/live.js, docs/live.md) says where and when bookings or
+  // maintenance changed, never what: when it touches the visible range, the range is loaded again
+  // from the API, which shows this user what it always does. A burst of changes is one load, and
+  // none happens under an open dialog (the person's choices stay put) but once it closes.
+
+  const visibleRange = () => {
+    const view = calendar.getView();
+    return [msOf(wallOf(view.activeStart)), msOf(wallOf(view.activeEnd))];
+  };
+  let liveTimer = null;
+  let missed = false;
+
+  function reloadSoon() {
+    clearTimeout(liveTimer);
+    liveTimer = setTimeout(() => {
+      if (booking.dialog.open || held.dialog.open) {
+        missed = true;
+      } else {
+        missed = false;
+        calendar.refetchEvents();
+      }
+    }, LIVE_RELOAD_DELAY_MS);
+  }
+
+  for (const dialog of [booking.dialog, held.dialog]) {
+    dialog.addEventListener('close', () => missed && reloadSoon());
+  }
+
+  let connections = 0;
+  GpuLive.connect({
+    topics: ['calendar'],
+    stateEl: $('live-state'),
+    onOpen() {
+      connections += 1;
+      if (connections > 1) {
+        reloadSoon();  // back after a lost connection: whatever happened meanwhile
+      }
+    },
+    onMessage(message) {
+      if (message.type !== 'calendar') {
+        return;
+      }
+      const [from, to] = visibleRange();
+      if (!message.start || !message.end || (Date.parse(message.start) < to && Date.parse(message.end) > from)) {
+        reloadSoon();
+      }
+    },
+  });
 })();

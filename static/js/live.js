@@ -81,9 +81,14 @@ window.GpuLive = (() => {
       const delay = Math.round(base / 2 + (Math.random() * base) / 2);
       attempt += 1;
       const due = Date.now() + delay;
+      // The sentence is announced once (stateEl is a status region); the countdown beside it is
+      // for the eyes only, or a screen reader would read it out every second.
+      show('reconnecting', 'Connection lost. Reconnecting');
+      const countdown = document.createElement('span');
+      countdown.setAttribute('aria-hidden', 'true');
+      stateEl?.append(countdown);
       const tick = () => {
-        const seconds = Math.max(1, Math.ceil((due - Date.now()) / 1000));
-        show('reconnecting', `Connection lost. Reconnecting in ${seconds} s…`);
+        countdown.textContent = ` in ${Math.max(1, Math.ceil((due - Date.now()) / 1000))} s…`;
       };
       tick();
       countdownTimer = setInterval(tick, 1000);

@@ -1,5 +1,7 @@
-"""The status page in Chromium, served by the real ASGI server: values change as telemetry arrives,
-and after a server restart the page says it is reconnecting, then comes back live by itself."""
+"""Live updates in Chromium, served by the real ASGI server (daphne, websockets): the status page's
+values change as telemetry arrives, and after a server restart it says it is reconnecting, then
+comes back live by itself; the calendar shows another person's booking, and its cancellation,
+without a reload."""
 
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ from playwright.sync_api import expect
 from nodes.models import AgentState
 from nodes.status import refresh_status
 from reservations.models import Allocation, Reservation
+from reservations.services import reservation_cancel, reservation_create
+from tests.browser.test_calendar import block, open_tomorrow, tomorrow_at
 from tests.live.server import heartbeat, post_agent, session_for, telemetry
 
 
-def open_status_page(page, server, user) -> None:
+def open_page(page, server, user, path: str = "/status/") -> None:
     page.context.add_cookies([{"name": "sessionid", "value": session_for(user), "url": server.url}])
-    page.goto(f"{server.url}/status/")
+    page.goto(f"{server.url}{path}")
 
 
 def test_the_status_page_follows_telemetry_and_reconnects_after_a_restart(asgi_server, live_lab, page, screenshot):
@@ -34,7 +38,7 @@ def test_the_status_page_follows_telemetry_and_reconnects_after_a_restart(asgi_s
     post_agent(asgi_server, live_lab, "heartbeat", heartbeat()).raise_for_status()
     post_agent(asgi_server, live_lab, "telemetry", telemetry(utilization=10)).raise_for_status()
 
-    open_status_page(page, asgi_server, live_lab["researcher"])
+    open_page(page, asgi_server, live_lab["researcher"])
     state = page.locator("#live-state")
     expect(state).to_have_text("Live")
     card = page.locator(f'.gpu-card[data-gpu="{live_lab["gpus"][0].pk}"]')
@@ -62,7 +66,7 @@ def test_the_status_page_follows_telemetry_and_reconnects_after_a_restart(asgi_s
 
 def test_an_admin_sees_agent_events_arrive_and_a_gpu_that_went_offline(asgi_server, live_lab, page, screenshot):
     post_agent(asgi_server, live_lab, "heartbeat", heartbeat()).raise_for_status()
-    open_status_page(page, asgi_server, live_lab["admin"])
+    open_page(page, asgi_server, live_lab["admin"])
     expect(page.locator("#live-state")).to_have_text("Live")
     event = {"kind": "violation", "at": timezone.now().isoformat(), "gpu": "GPU-live-1", "user": "mallory"}
     post_agent(asgi_server, live_lab, "events", {"events": [event]}).raise_for_status()
@@ -74,3 +78,21 @@ def test_an_admin_sees_agent_events_arrive_and_a_gpu_that_went_offline(asgi_serv
     expect(section.locator('[data-role="online"]')).to_have_text("Offline")
     expect(section.locator('[data-role="state"]').first).to_have_text("Offline")
     screenshot("offline")
+
+
+def test_the_calendar_shows_another_persons_booking_and_its_cancellation_without_a_reload(
+    asgi_server, live_lab, page, screenshot
+):
+    researcher, admin, gpus = live_lab["researcher"], live_lab["admin"], live_lab["gpus"]
+    open_page(page, asgi_server, researcher, "/")
+    open_tomorrow(page)
+    expect(page.locator("#live-state")).to_have_text("Live")
+    page.evaluate("window.loadedOnce = true")  # gone if the page reloaded
+
+    booking = reservation_create(user=admin, gpus=[gpus[1]], start=tomorrow_at(10), end=tomorrow_at(12))
+    expect(block(page, booking)).to_have_text("10:00 adam")
+    screenshot("booked-elsewhere")
+
+    reservation_cancel(reservation=booking, actor=admin)
+    expect(block(page, booking)).to_have_count(0)
+    assert page.evaluate("window.loadedOnce") is True
