@@ -142,6 +142,17 @@ class GpuTelemetry(models.Model):
     ecc_errors_uncorrected = models.PositiveBigIntegerField(null=True)
     processes = models.JSONField(default=list, help_text="[{pid, user, used_memory_mib}]")
 
+    # The measured values, as agents report them and pages show them (processes aside).
+    READINGS = (
+        "utilization_pct",
+        "memory_used_mib",
+        "memory_total_mib",
+        "temperature_c",
+        "slowdown_temperature_c",
+        "power_w",
+        "ecc_errors_uncorrected",
+    )
+
     class Meta:
         verbose_name = "GPU telemetry"
         verbose_name_plural = "GPU telemetry"

@@ -23,16 +23,7 @@ from nodes.history import history_record
 from nodes.models import AgentState, Gpu, GpuTelemetry, Node, NodeEvent
 from nodes.status import broadcast_node_status, broadcast_telemetry, node_online
 
-TELEMETRY_FIELDS = (
-    "utilization_pct",
-    "memory_used_mib",
-    "memory_total_mib",
-    "temperature_c",
-    "slowdown_temperature_c",
-    "power_w",
-    "ecc_errors_uncorrected",
-    "processes",
-)
+TELEMETRY_FIELDS = (*GpuTelemetry.READINGS, "processes")
 EVENT_DETAIL_FIELDS = ("pid", "pids", "process", "version", "leases", "boundary", "drained")
 
 

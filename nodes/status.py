@@ -34,15 +34,6 @@ STATES = ("offline", "drained", "maintenance", "not_bookable", "in_use", "free")
 ADMIN_ONLY_NODE_FIELDS = ("agent",)
 ADMIN_ONLY_GPU_FIELDS = ("drain_reason",)
 ADMIN_ONLY_PROCESS_FIELDS = ("pid",)
-TELEMETRY_FIELDS = (
-    "utilization_pct",
-    "memory_used_mib",
-    "memory_total_mib",
-    "temperature_c",
-    "slowdown_temperature_c",
-    "power_w",
-    "ecc_errors_uncorrected",
-)
 
 
 def node_online(state: AgentState | None, now: datetime) -> bool:
@@ -86,7 +77,7 @@ def _telemetry(gpu: Any) -> dict[str, Any] | None:
 
 def reading_data(reading: GpuTelemetry) -> dict[str, Any]:
     data: dict[str, Any] = {"at": _iso(reading.at)}
-    data.update({field: getattr(reading, field) for field in TELEMETRY_FIELDS})
+    data.update({field: getattr(reading, field) for field in GpuTelemetry.READINGS})
     data["processes"] = [
         {"pid": p.get("pid"), "user": p.get("user") or "", "used_memory_mib": p.get("used_memory_mib")}
         for p in reading.processes or []
