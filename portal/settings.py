@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
+import dj_email_url
 
 from portal.env import envbool, envint, envlist, envstr
 
@@ -56,6 +57,7 @@ INSTALLED_APPS = [
     "nodes",
     "reservations",
     "live",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -182,6 +184,21 @@ LEASE_PUSH_COALESCE_SECONDS = envint("LEASE_PUSH_COALESCE_MS", 200) / 1000
 LEASE_PUSH_EXPIRES_SECONDS = envint("LEASE_PUSH_EXPIRES_SECONDS", 120)
 # A node whose agent has not reported for this long is shown offline.
 AGENT_OFFLINE_AFTER_SECONDS = envint("AGENT_OFFLINE_AFTER_SECONDS", 40)
+
+# Mail (notifications/, alerts): EMAIL_URL as dj-email-url reads it, e.g.
+# smtp://user:password@mail.example.org:587/?tls=True; the default prints mails on the console.
+_email = dj_email_url.parse(envstr("EMAIL_URL", "console:"))
+EMAIL_BACKEND = _email["EMAIL_BACKEND"]
+EMAIL_HOST = _email["EMAIL_HOST"] or "localhost"
+EMAIL_PORT = _email["EMAIL_PORT"] or 25
+EMAIL_HOST_USER = _email["EMAIL_HOST_USER"] or ""
+EMAIL_HOST_PASSWORD = _email["EMAIL_HOST_PASSWORD"] or ""
+EMAIL_USE_TLS = _email["EMAIL_USE_TLS"]
+EMAIL_USE_SSL = _email["EMAIL_USE_SSL"]
+EMAIL_TIMEOUT = _email["EMAIL_TIMEOUT"] or 10
+EMAIL_FILE_PATH = _email["EMAIL_FILE_PATH"] or str(VAR_DIR / "mail")
+DEFAULT_FROM_EMAIL = envstr("DEFAULT_FROM_EMAIL", "GPU booking portal <gpus@localhost>")
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
 
 # Live updates over websockets (live/), through Redis. The pub/sub layer of channels-redis: a
 # broadcast is one PUBLISH that each web process fans out to its own connections in memory, where

@@ -101,3 +101,18 @@ def live_lab(transactional_db):
         "researcher_token": api_token_create(user=researcher, name="ws")[1],
         "admin_token": api_token_create(user=admin, name="ws")[1],
     }
+
+
+@pytest.fixture
+def smtp_server(settings):
+    """A real SMTP server (aiosmtpd) the portal sends its mail to, over SMTP, during the test."""
+    from tests.mailserver import MailServer
+
+    server = MailServer()
+    server.start()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", server.port
+    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+    yield server
+    server.stop()

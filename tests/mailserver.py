@@ -1,0 +1,64 @@
+"""A real SMTP server for the tests (aiosmtpd, on a free port) that keeps what it receives."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import threading
+import time
+from email.message import EmailMessage
+
+from aiosmtpd.controller import Controller
+
+from tests.nodes.agent.harness import free_port
+
+
+class _Keeper:
+    def __init__(self) -> None:
+        self.messages: list[EmailMessage] = []
+        self.lock = threading.Lock()
+
+    async def handle_DATA(self, server, session, envelope):  # aiosmtpd calls it by this name
+        message = email.message_from_bytes(envelope.content, policy=email.policy.default)
+        message["X-Envelope-To"] = ", ".join(envelope.rcpt_tos)
+        with self.lock:
+            self.messages.append(message)
+        return "250 Message accepted for delivery"
+
+
+class MailServer:
+    """``messages``: every mail received, parsed; ``wait_for(n)``: until n have arrived."""
+
+    def __init__(self) -> None:
+        self.keeper = _Keeper()
+        self.port = free_port()
+        self.controller = Controller(self.keeper, hostname="127.0.0.1", port=self.port)
+
+    def start(self) -> None:
+        self.controller.start()
+
+    def stop(self) -> None:
+        self.controller.stop()
+
+    @property
+    def messages(self) -> list[EmailMessage]:
+        with self.keeper.lock:
+            return list(self.keeper.messages)
+
+    def wait_for(self, count: int, timeout: float = 10.0) -> list[EmailMessage]:
+        deadline = time.monotonic() + timeout
+        while len(self.messages) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.messages
+
+    def clear(self) -> None:
+        with self.keeper.lock:
+            self.keeper.messages.clear()
+
+
+def text_of(message: EmailMessage) -> str:
+    return message.get_body(preferencelist=("plain",)).get_content()
+
+
+def html_of(message: EmailMessage) -> str:
+    return message.get_body(preferencelist=("html",)).get_content()
