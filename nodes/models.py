@@ -161,6 +161,27 @@ class GpuTelemetry(models.Model):
         return f"GPU {self.gpu_id} at {self.at:%Y-%m-%d %H:%M:%S}"
 
 
+class GpuMinute(models.Model):
+    """Telemetry down-sampled to one row per GPU per minute (nodes/usage.py): what a slot's usage
+    summary, idle detection and usage reports read. Kept TELEMETRY_MINUTES_KEEP_DAYS."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
+    minute = models.DateTimeField(help_text="The minute (UTC) the samples fell in.")
+    samples = models.PositiveIntegerField(default=0)
+    utilization_samples = models.PositiveIntegerField(default=0, help_text="Samples that had a utilisation.")
+    utilization_sum = models.PositiveIntegerField(default=0)
+    memory_used_max_mib = models.PositiveIntegerField(null=True)
+    temperature_max_c = models.SmallIntegerField(null=True)
+
+    class Meta:
+        verbose_name = "GPU minute"
+        constraints = [models.UniqueConstraint(fields=["gpu", "minute"], name="gpu_minute_unique")]
+        indexes = [models.Index(fields=["minute"])]
+
+    def __str__(self) -> str:
+        return f"GPU {self.gpu_id} at {self.minute:%Y-%m-%d %H:%M}"
+
+
 class NodeEvent(models.Model):
     """Something the agent did or saw: grants, revocations, leftovers, violations, refusals."""
 

@@ -22,6 +22,7 @@ from live import broadcast
 from nodes.history import history_record
 from nodes.models import AgentState, Gpu, GpuTelemetry, Node, NodeEvent
 from nodes.status import broadcast_node_status, broadcast_telemetry, node_online
+from nodes.usage import usage_record
 
 TELEMETRY_FIELDS = (*GpuTelemetry.READINGS, "processes")
 EVENT_DETAIL_FIELDS = ("pid", "pids", "process", "version", "leases", "boundary", "drained")
@@ -126,6 +127,7 @@ def telemetry_record(*, node: Node, samples: Iterable[dict[str, Any]], now: date
             broadcast_telemetry(node=node, readings=rows, now=now)
         else:
             broadcast_node_status([node.pk])  # back online: every card changes
+    usage_record(rows)
     history_record((row.gpu_id, now, row.utilization_pct) for row in rows)
     return len(rows), sorted(ignored)
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from celery import shared_task
+from django.utils import timezone
 
 from nodes.models import Node
 from nodes.pushes import clear_pending, pushed_nodes, send_snapshot
 from nodes.status import refresh_status
+from nodes.usage import usage_prune
 
 
 @shared_task(name="nodes.push_node_leases", ignore_result=True)
@@ -34,3 +36,9 @@ def refresh_live_status() -> int:
     """Beat, every STATUS_REFRESH_SECONDS: silent nodes turn offline on every status page, and the
     cards of nodes where a slot or maintenance began or ended are sent again."""
     return len(refresh_status())
+
+
+@shared_task(name="nodes.prune_usage", ignore_result=True)
+def prune_usage() -> int:
+    """Beat, hourly: per-minute telemetry older than TELEMETRY_MINUTES_KEEP_DAYS goes."""
+    return usage_prune(timezone.now())

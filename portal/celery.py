@@ -17,6 +17,8 @@ app.autodiscover_tasks()
 app.conf.beat_schedule = {
     # Level-triggered leases: every node gets its whole state again, repairing any lost push.
     "push-all-leases": {"task": "nodes.push_all_leases", "schedule": 60.0, "options": {"expires": 55}},
+    # Per-minute telemetry past its keeping time goes (idempotent: a delete by age).
+    "prune-usage": {"task": "nodes.prune_usage", "schedule": 3600.0, "options": {"expires": 3000}},
     # Status pages: silent agents' nodes turn offline; slot and maintenance boundaries re-sent.
     "refresh-status": {
         "task": "nodes.refresh_status",

@@ -227,6 +227,9 @@ LIVE_RECHECK_SECONDS = envint("LIVE_RECHECK_SECONDS", 60)
 # AGENT_OFFLINE_AFTER_SECONDS), and cards where a slot or maintenance began or ended are re-sent.
 STATUS_REFRESH_SECONDS = envint("STATUS_REFRESH_SECONDS", 10)
 
+# Telemetry down-sampled per GPU per minute (nodes/usage.py) is kept this long.
+TELEMETRY_MINUTES_KEEP_DAYS = envint("TELEMETRY_MINUTES_KEEP_DAYS", 30)
+
 # Booking rules that are settings rather than per-group limits (see docs/booking-rules.md).
 BOOKING_GRID_MINUTES = envint("BOOKING_GRID_MINUTES", 15)
 BOOKING_LOCK_TIMEOUT_MS = envint("BOOKING_LOCK_TIMEOUT_MS", 10_000)

@@ -1,0 +1,97 @@
+"""GPU usage over time: each telemetry reading folded into its GPU's minute (``GpuMinute``), and
+what was used during a period (a slot's summary, idle detection).
+
+One statement per report, whatever the number of GPUs: an upsert that adds the samples to the
+minute's sums and keeps its maxima (``INSERT ... ON CONFLICT DO UPDATE``, on PostgreSQL and SQLite
+alike).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Max, Sum
+
+from nodes.models import GpuMinute, GpuTelemetry
+
+_TABLE = GpuMinute._meta.db_table
+
+
+def _larger(column: str) -> str:
+    """The larger of the stored and the new value, either of which may be NULL."""
+    function = "GREATEST" if connection.vendor == "postgresql" else "MAX"
+    stored, new = f"{_TABLE}.{column}", f"excluded.{column}"
+    return f"{function}(COALESCE({stored}, {new}), COALESCE({new}, {stored}))"
+
+
+def usage_record(readings: Iterable[GpuTelemetry]) -> None:
+    """Fold readings (GPU, time, values) into their GPUs' minutes."""
+    rows = []
+    for reading in readings:
+        minute = reading.at.replace(second=0, microsecond=0)
+        has_utilization = reading.utilization_pct is not None
+        rows.append(
+            (
+                reading.gpu_id,
+                minute,
+                1,
+                int(has_utilization),
+                reading.utilization_pct or 0,
+                reading.memory_used_mib,
+                reading.temperature_c,
+            )
+        )
+    if not rows:
+        return
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(rows))
+    # Only constants are formatted in (the table, column names); every value is a parameter.
+    sql = (
+        f"INSERT INTO {_TABLE} (gpu_id, minute, samples, utilization_samples, utilization_sum, "  # noqa: S608
+        f"memory_used_max_mib, temperature_max_c) VALUES {values} "
+        f"ON CONFLICT (gpu_id, minute) DO UPDATE SET "
+        f"samples = {_TABLE}.samples + excluded.samples, "
+        f"utilization_samples = {_TABLE}.utilization_samples + excluded.utilization_samples, "
+        f"utilization_sum = {_TABLE}.utilization_sum + excluded.utilization_sum, "
+        f"memory_used_max_mib = {_larger('memory_used_max_mib')}, "
+        f"temperature_max_c = {_larger('temperature_max_c')}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [value for row in rows for value in row])
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What GPUs did over a period: None where nothing was reported."""
+
+    mean_utilization_pct: float | None
+    peak_memory_mib: int | None
+    minutes_reported: int
+
+
+def usage_during(gpu_ids: Iterable[int], start: datetime, end: datetime) -> Usage:
+    """Mean utilisation (over every sample of every GPU) and peak memory in [start, end)."""
+    totals = GpuMinute.objects.filter(
+        gpu_id__in=list(gpu_ids), minute__gte=start.replace(second=0, microsecond=0), minute__lt=end
+    ).aggregate(
+        samples=Sum("utilization_samples"),
+        total=Sum("utilization_sum"),
+        peak=Max("memory_used_max_mib"),
+        minutes=Count("minute", distinct=True),
+    )
+    samples = totals["samples"] or 0
+    return Usage(
+        mean_utilization_pct=(totals["total"] / samples) if samples else None,
+        peak_memory_mib=totals["peak"],
+        minutes_reported=totals["minutes"] or 0,
+    )
+
+
+def usage_prune(now: datetime) -> int:
+    """Drop minutes older than TELEMETRY_MINUTES_KEEP_DAYS; returns how many went."""
+    cutoff = now - timedelta(days=settings.TELEMETRY_MINUTES_KEEP_DAYS)
+    deleted, _ = GpuMinute.objects.filter(minute__lt=cutoff).delete()
+    return deleted
