@@ -21,5 +21,6 @@ urlpatterns = [
     path("agent/heartbeat/", HeartbeatView.as_view(), name="agent-heartbeat"),
     path("agent/events/", EventsView.as_view(), name="agent-events"),
     path("agent/telemetry/", TelemetryView.as_view(), name="agent-telemetry"),
+    path("feeds/", include("feeds.api_urls")),
     path("", include(router.urls)),
 ]

@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "reservations",
     "live",
     "notifications",
+    "feeds",
 ]
 
 MIDDLEWARE = [
@@ -234,6 +235,11 @@ TELEMETRY_MINUTES_KEEP_DAYS = envint("TELEMETRY_MINUTES_KEEP_DAYS", 30)
 BOOKING_GRID_MINUTES = envint("BOOKING_GRID_MINUTES", 15)
 BOOKING_LOCK_TIMEOUT_MS = envint("BOOKING_LOCK_TIMEOUT_MS", 10_000)
 BOOKING_PURPOSE_MAX_LENGTH = 500
+
+# Calendar feeds (docs/feeds.md): how far back and ahead they reach, and fetches per URL per hour.
+FEED_PAST_DAYS = envint("FEED_PAST_DAYS", 30)
+FEED_FUTURE_DAYS = envint("FEED_FUTURE_DAYS", 90)
+FEED_RATE_PER_HOUR = envint("FEED_RATE_PER_HOUR", 60)
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,53 @@
+"""``GET /api/v1/feeds/`` (your calendar feed URLs) and ``POST /api/v1/feeds/rotate/`` (new ones)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from feeds.models import FeedKey
+from feeds.selectors import feed_links
+from feeds.serializers import FeedsSerializer
+from feeds.services import feed_urls_rotate
+from portal.api_schema import ERRORS, READ_ERRORS
+
+
+def _feeds(request: Request, user: Any) -> dict[str, Any]:
+    rotated_at = FeedKey.objects.filter(user=user).values_list("rotated_at", flat=True).first()
+    links = feed_links(user=user)
+    return {
+        "rotated_at": rotated_at,
+        "feeds": [
+            {"node": link.node, "title": link.title, "url": request.build_absolute_uri(link.path)} for link in links
+        ],
+    }
+
+
+class FeedListView(APIView):
+    @extend_schema(
+        summary="Your calendar feed URLs",
+        description=(
+            "iCalendar subscription URLs for Outlook, Google Calendar and the like: your own bookings, "
+            "and every node's bookings (holders' names; purposes only of your own). The URL is the key: "
+            "anyone who has it can read the feed, so keep it private, and rotate if it leaked."
+        ),
+        responses={200: FeedsSerializer, **READ_ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        return Response(FeedsSerializer(_feeds(request, request.user)).data)
+
+
+class FeedRotateView(APIView):
+    @extend_schema(
+        summary="Replace your calendar feed URLs",
+        description="Every earlier feed URL of yours answers 404 from now on; the response has the new ones.",
+        request=None,
+        responses={200: FeedsSerializer, **{code: ERRORS[code] for code in (401, 403, 429)}},
+    )
+    def post(self, request: Request) -> Response:
+        feed_urls_rotate(user=request.user, actor=request.user)
+        return Response(FeedsSerializer(_feeds(request, request.user)).data)
