@@ -20,7 +20,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.utils import dateformat
-from icalendar import Calendar, Event
+from icalendar import Calendar, Event, vDuration
 
 from feeds.selectors import FeedBooking
 from reservations.models import Reservation
@@ -97,7 +97,7 @@ def owner_description(booking: FeedBooking, context: FeedContext) -> str:
     lines.append(f"{gpu_list(booking)} on {booking.node} ({booking.hostname}): {models}.")
     ends = "released" if booking.released else "to"
     lines.append(f"From {_local(booking.start, zone)} {ends} {_local(booking.end, zone)} ({zone.key}).")
-    if booking.status in Reservation.LIVE_STATUSES:
+    if booking.status == Status.APPROVED:  # as on "My reservations": access once approved
         if user.unix_username:
             uuids = ",".join(uuid for _, uuid, _, _ in booking.gpus)
             indices = ",".join(str(index) for index, *_ in booking.gpus)
@@ -155,7 +155,7 @@ def build_calendar(bookings: Sequence[FeedBooking], context: FeedContext) -> byt
     )
     calendar.add("x-wr-timezone", zone_of(user).key)
     calendar.add("refresh-interval", REFRESH, parameters={"VALUE": "DURATION"})
-    calendar.add("x-published-ttl", REFRESH)
+    calendar.add("x-published-ttl", vDuration(REFRESH))
     for booking in bookings:
         calendar.add_component(build_event(booking, context))
     return calendar.to_ical()
