@@ -26,6 +26,7 @@ STATUS_ADMIN = "live.status.admin"
 STATUS_USER = "live.status.user"
 CALENDAR = "live.calendar"
 EVENTS = "live.events"
+ALERTS = "live.alerts"
 
 
 def encode(payload: dict[str, Any]) -> str:
@@ -141,3 +142,8 @@ def send_calendar_change(*, node: str | None, start: str | None, end: str | None
 
 def send_events(payload: dict[str, Any]) -> None:
     send([(EVENTS, payload)])
+
+
+def send_alerts(payload: dict[str, Any]) -> None:
+    """Alerts opened or resolved (alerts/services.py), to the admins following "alerts"."""
+    send([(ALERTS, payload)])

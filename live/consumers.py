@@ -10,6 +10,7 @@ Protocol (JSON text frames):
                                                                 new readings, batched
               {"type": "calendar", "node": "gpu-a100" | null, "start": iso | null, "end": iso | null}
               {"type": "events", "node": "...", "events": [...]}  admins only
+              {"type": "alerts", "alerts": [...]}                alerts opened or resolved, admins only
               {"type": "error", "code": "...", "message": "..."}
 
 Topics, and who may follow them:
@@ -17,6 +18,7 @@ Topics, and who may follow them:
     calendar  everyone logged in; says only *where and when* something changed, and the page
               asks the calendar API again, so each user still gets exactly what the API shows them
     events    booking admins: what the node agents did and saw (grants, revocations, violations)
+    alerts    booking admins: alerts as they open and resolve (alerts/, docs/alerts.md)
 
 A connection that is not logged in is accepted only to be told why, then closed with 4401. Every
 LIVE_RECHECK_SECONDS the connection checks that its user is still active (and its token still
@@ -45,7 +47,11 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_CHARS = 4096
 CLOSE_NOT_AUTHENTICATED = 4401
 CLOSE_RECONNECT = 4000
-TOPICS = ("status", "calendar", "events")
+TOPICS = ("status", "calendar", "events", "alerts")
+ADMIN_TOPICS = {
+    "events": "Only booking admins may follow the node agents' events.",
+    "alerts": "Only booking admins may follow alerts.",
+}
 
 
 # After a server restart every open page reconnects at once: they share a snapshot built in the
@@ -122,8 +128,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if topic not in TOPICS:
             await self._error("unknown_topic", f"No topic '{topic[:40]}'. Topics: {', '.join(TOPICS)}.")
             return
-        if topic == "events" and not self.admin:
-            await self._error("forbidden", "Only booking admins may follow the node agents' events.")
+        if topic in ADMIN_TOPICS and not self.admin:
+            await self._error("forbidden", ADMIN_TOPICS[topic])
             return
         group = self._group(topic)
         if self.topics.get(topic) != group:
@@ -141,7 +147,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
     def _group(self, topic: str) -> str:
         if topic == "status":
             return broadcast.STATUS_ADMIN if self.admin else broadcast.STATUS_USER
-        return broadcast.CALENDAR if topic == "calendar" else broadcast.EVENTS
+        return {"calendar": broadcast.CALENDAR, "events": broadcast.EVENTS, "alerts": broadcast.ALERTS}[topic]
 
     # --- from the channel layer ---------------------------------------------------------------
 

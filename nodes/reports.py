@@ -56,6 +56,10 @@ def agent_heartbeat_record(*, node: Node, data: dict[str, Any], now: datetime) -
     )
     if previous is None or not node_online(previous, now) or previous.drained != drained:
         broadcast_node_status([node.pk])  # back online (telemetry broadcasts the rest)
+    if previous is not None and previous.offline_since is not None:
+        from alerts.services import alerts_node_online
+
+        alerts_node_online(node=node, now=now)
     return state, ignored
 
 
@@ -88,6 +92,9 @@ def agent_events_record(*, node: Node, events: Iterable[dict[str, Any]]) -> tupl
         NodeEvent.objects.bulk_create(rows)
         for gpu, reason in to_drain:
             gpu_drain(gpu=gpu, reason=reason)
+        from alerts.services import alerts_from_events
+
+        alerts_from_events(node=node, events=rows, now=timezone.now())
         if rows:
             payload = {"type": "events", "node": node.name, "events": [event_data(row) for row in rows]}
             transaction.on_commit(lambda: broadcast.send_events(payload))
@@ -108,7 +115,9 @@ def event_data(event: NodeEvent) -> dict[str, Any]:
 
 
 def telemetry_record(*, node: Node, samples: Iterable[dict[str, Any]], now: datetime) -> tuple[int, list[str]]:
-    """Upsert the latest reading of each of the node's GPUs in one statement."""
+    """Upsert the latest reading of each of the node's GPUs in one statement; alerts look at it."""
+    from alerts.services import alerts_evaluate_readings, alerts_node_online  # alerts builds on nodes
+
     known = _gpus_by_uuid(node)
     rows, ignored = [], []
     for sample in samples:
@@ -127,7 +136,10 @@ def telemetry_record(*, node: Node, samples: Iterable[dict[str, Any]], now: date
             broadcast_telemetry(node=node, readings=rows, now=now)
         else:
             broadcast_node_status([node.pk])  # back online: every card changes
+        if previous is not None and previous.offline_since is not None:
+            alerts_node_online(node=node, now=now)
     usage_record(rows)
+    alerts_evaluate_readings(node=node, readings=rows, now=now)
     history_record((row.gpu_id, now, row.utilization_pct) for row in rows)
     return len(rows), sorted(ignored)
 
@@ -146,6 +158,9 @@ def gpu_return_to_service(*, gpu: Gpu, actor: Any) -> bool:
     before = {"drained_at": gpu.drained_at.isoformat() if gpu.drained_at else None, "reason": gpu.drain_reason}
     updated = Gpu.objects.filter(pk=gpu.pk, drained_at__isnull=False).update(drained_at=None, drain_reason="")
     if updated:
+        from alerts.services import alerts_gpu_returned
+
         audit_record(actor=actor, action="gpu.undrain", target=gpu, before=before)
         broadcast_node_status([gpu.node_id])
+        alerts_gpu_returned(gpu=gpu, actor=actor)
     return bool(updated)

@@ -241,7 +241,8 @@ def refresh_status(now: datetime | None = None) -> list[int]:
     """Beat, every STATUS_REFRESH_SECONDS: re-send the cards that changed with time alone.
 
     - Agents silent for AGENT_OFFLINE_AFTER_SECONDS are marked offline, once. The update repeats
-      the silence condition, so an agent that reports meanwhile is not marked.
+      the silence condition, so an agent that reports meanwhile is not marked. Each opens an
+      "offline" alert (alerts/), resolved by the node's next report.
     - Nodes where a booking or a maintenance window began or ended since the last run: their
       holders, next bookings and states moved on.
 
@@ -252,7 +253,10 @@ def refresh_status(now: datetime | None = None) -> list[int]:
     silent = AgentState.objects.filter(last_seen__lt=cutoff, offline_since__isnull=True)
     offline = list(silent.values_list("node_id", flat=True))
     if offline:
+        from alerts.services import alerts_nodes_offline  # alerts builds on nodes
+
         silent.filter(node_id__in=offline).update(offline_since=now)
+        alerts_nodes_offline(node_ids=offline, now=now)
 
     # A little overlap with the previous run: a boundary re-sent twice costs nothing.
     since = now - timedelta(seconds=settings.STATUS_REFRESH_SECONDS + 2)

@@ -25,4 +25,8 @@ app.conf.beat_schedule = {
         "schedule": float(settings.STATUS_REFRESH_SECONDS),
         "options": {"expires": settings.STATUS_REFRESH_SECONDS},
     },
+    # Alerts (alerts/): staff mail not sent yet (each alert once, rate-limited per kind per hour;
+    # also queued when an alert opens), and booked GPUs left idle (holder told, auto-release).
+    "alert-mail": {"task": "alerts.mail_staff", "schedule": 60.0, "options": {"expires": 55}},
+    "idle-gpus": {"task": "alerts.check_idle", "schedule": 60.0, "options": {"expires": 55}},
 }

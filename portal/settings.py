@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "live",
     "notifications",
     "feeds",
+    "alerts",
 ]
 
 MIDDLEWARE = [
@@ -230,6 +231,19 @@ STATUS_REFRESH_SECONDS = envint("STATUS_REFRESH_SECONDS", 10)
 
 # Telemetry down-sampled per GPU per minute (nodes/usage.py) is kept this long.
 TELEMETRY_MINUTES_KEEP_DAYS = envint("TELEMETRY_MINUTES_KEEP_DAYS", 30)
+
+# Alerts for admins (alerts/, docs/alerts.md). A GPU at or above this temperature (or its own
+# slowdown threshold, if lower) on two readings in a row opens an alert.
+ALERT_TEMPERATURE_C = envint("ALERT_TEMPERATURE_C", 85)
+# A booked GPU under this utilisation for this many minutes is idle: its holder is told.
+ALERT_IDLE_UTILIZATION_PCT = envint("ALERT_IDLE_UTILIZATION_PCT", 5)
+ALERT_IDLE_MINUTES = envint("ALERT_IDLE_MINUTES", 30)
+# Release an idle booking this many minutes after its holder was told, if still idle (0: never).
+IDLE_AUTO_RELEASE_MINUTES = envint("IDLE_AUTO_RELEASE_MINUTES", 0)
+# Staff (is_staff, with an email) get alert mail; these addresses too.
+ALERT_EMAILS = envlist("ALERT_EMAILS", [])
+# At most this many alert mails per kind per hour; the rest wait and go together in one summary.
+ALERT_MAILS_PER_KIND_PER_HOUR = envint("ALERT_MAILS_PER_KIND_PER_HOUR", 5)
 
 # Booking rules that are settings rather than per-group limits (see docs/booking-rules.md).
 BOOKING_GRID_MINUTES = envint("BOOKING_GRID_MINUTES", 15)

@@ -1,0 +1,101 @@
+"""Alerts for admins: a record per condition (a hot GPU, an offline node, a violation...), open
+while it lasts, then resolved; and the streaks that decide when a condition read from telemetry
+becomes an alert (alerts/services.py)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models.functions import Coalesce
+
+from nodes.models import Gpu, Node
+
+
+class Alert(models.Model):
+    class Kind(models.TextChoices):
+        TEMPERATURE = "temperature", "GPU too hot"
+        ECC = "ecc", "Uncorrected ECC errors"
+        OFFLINE = "offline", "Node offline"
+        VIOLATION = "violation", "Use without a booking"
+        LEFTOVER = "leftover", "Processes left after a slot"
+        UNKILLABLE = "unkillable", "GPU could not be emptied"
+        IDLE = "idle", "Booked GPU left idle"
+
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="alerts")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, null=True, blank=True, related_name="alerts")
+    # The person concerned, as the agent names them (a unix username: it may have no portal account),
+    # and their portal account when there is one.
+    username = models.CharField(max_length=32, blank=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    reservation = models.ForeignKey(
+        "reservations.Reservation", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    opened_at = models.DateTimeField()
+    last_bad_at = models.DateTimeField(help_text="The latest bad reading or event.")
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    resolution = models.CharField(max_length=200, blank=True)
+    details = models.JSONField(default=dict, blank=True, help_text="The readings or events behind it.")
+    # Staff mail: set (compare-and-swap) when the alert went out, alone or in a summary; the alerts
+    # of one mail share ``mail_id``. Unset while the hourly rate limit holds it back.
+    notified_at = models.DateTimeField(null=True, blank=True)
+    mail_id = models.UUIDField(null=True, blank=True, editable=False)
+    # Idle booked GPUs: the holder's mail, and the automatic release (IDLE_AUTO_RELEASE_MINUTES).
+    holder_notified_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-opened_at", "-id"]
+        constraints = [
+            # At most one open alert per (kind, node, GPU, person): two evaluations at once cannot
+            # open it twice. COALESCE because NULLs are distinct in a unique index (an offline
+            # alert has no GPU), on PostgreSQL and SQLite alike.
+            models.UniqueConstraint(
+                "kind",
+                "node",
+                Coalesce("gpu", 0),
+                "username",
+                condition=models.Q(resolved_at__isnull=True),
+                name="alert_one_open_per_subject",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["kind", "notified_at"], name="alert_kind_notified_idx"),
+            models.Index(fields=["node"], condition=models.Q(resolved_at__isnull=True), name="alert_open_node_idx"),
+        ]
+
+    def __str__(self) -> str:
+        where = f"{self.node.name}/GPU {self.gpu.index}" if self.gpu else self.node.name
+        who = f" ({self.username})" if self.username else ""
+        return f"{self.get_kind_display()}: {where}{who}"
+
+    @property
+    def is_open(self) -> bool:
+        return self.resolved_at is None
+
+
+class AlertStreak(models.Model):
+    """A condition under watch on one GPU: consecutive bad readings (temperature, ECC), or an alert
+    opened by an event (violation, leftover) that the next telemetry may clear. The telemetry path
+    reads a node's streaks once per report; a GPU with nothing wrong has none."""
+
+    kind = models.CharField(max_length=20, choices=Alert.Kind.choices)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
+    username = models.CharField(max_length=32, blank=True)
+    count = models.PositiveIntegerField(default=0, help_text="Bad readings in a row.")
+    first_bad_at = models.DateTimeField()
+    last_bad_at = models.DateTimeField()
+    readings = models.JSONField(default=list, blank=True, help_text="The first bad readings.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["kind", "gpu", "username"], name="alert_streak_unique")]
+        indexes = [models.Index(fields=["node"], name="alert_streak_node_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} on GPU {self.gpu_id}: {self.count}"

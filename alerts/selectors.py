@@ -1,0 +1,65 @@
+"""Reading alerts: the open ones (status page, admin) and an alert as pages and mails show it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.urls import reverse
+
+from alerts.models import Alert
+
+
+def open_alerts() -> QuerySet[Alert]:
+    return Alert.objects.filter(resolved_at__isnull=True).select_related("node", "gpu").order_by("-opened_at", "-pk")
+
+
+def _iso(moment: Any) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def alert_summary(alert: Alert) -> str:
+    """What is wrong, in a few words, from the readings or events behind it."""
+    details = alert.details or {}
+    readings = details.get("readings") or []
+    last = readings[-1] if readings else {}
+    event = details.get("event") or {}
+    if alert.kind == Alert.Kind.TEMPERATURE and last:
+        limit = details.get("limit_c")
+        slowdown = last.get("slowdown_temperature_c")
+        text = f"{last.get('temperature_c')} °C (alert at {limit} °C"
+        return text + (f", slowdown at {slowdown} °C)" if slowdown is not None else ")")
+    if alert.kind == Alert.Kind.ECC and last:
+        return f"{last.get('ecc_errors_uncorrected')} uncorrected ECC errors"
+    if alert.kind == Alert.Kind.OFFLINE:
+        return "its agent stopped reporting"
+    if alert.kind == Alert.Kind.IDLE:
+        return (
+            f"under {details.get('limit_pct')} % for {details.get('minutes')} minutes "
+            f"(mean {details.get('mean_utilization_pct')} %), booking #{details.get('reservation')}"
+        )
+    pids = event.get("pids") or ([event["pid"]] if event.get("pid") else [])
+    text = event.get("message") or ""
+    if pids:
+        text = f"{text} (pids {', '.join(map(str, pids))})".strip()
+    return text
+
+
+def alert_data(alert: Alert) -> dict[str, Any]:
+    """An alert as the admins' status page and the staff mail show it."""
+    return {
+        "id": alert.pk,
+        "kind": alert.kind,
+        "label": alert.get_kind_display(),
+        "node": alert.node.name,
+        "gpu": alert.gpu.index if alert.gpu else None,
+        "user": alert.username,
+        "open": alert.resolved_at is None,
+        "opened_at": _iso(alert.opened_at),
+        "last_bad_at": _iso(alert.last_bad_at),
+        "resolved_at": _iso(alert.resolved_at),
+        "resolution": alert.resolution,
+        "mailed": alert.notified_at is not None,
+        "summary": alert_summary(alert),
+        "admin_url": reverse("admin:alerts_alert_change", args=[alert.pk]),
+    }
