@@ -1,4 +1,4 @@
-"""The profile page: unix username, time zone, reminders, and personal API tokens.
+"""The profile page: unix username, time zone, reminders, personal API tokens and calendar feeds.
 
 A new token is shown once, on the response to the form that created it (marked no-store); it is
 never put in the session, in a message or in a redirect, and the database keeps only its hash.
@@ -21,6 +21,9 @@ from django.views.decorators.http import require_http_methods, require_POST
 from accounts.forms import ProfileForm, TokenForm
 from accounts.models import ApiToken, User
 from accounts.services import UnixUsernameTaken, api_token_create, api_token_revoke, user_profile_update
+from feeds.models import FeedKey
+from feeds.selectors import feed_links
+from feeds.services import feed_urls_rotate
 
 
 @login_required
@@ -88,6 +91,18 @@ def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("profile")
 
 
+@login_required
+@require_POST
+def feeds_rotate(request: HttpRequest) -> HttpResponse:
+    feed_urls_rotate(user=request.user, actor=request.user)
+    messages.success(
+        request,
+        "New calendar feed URLs: the old ones now answer “not found”. "
+        "Give the new URL to each calendar that subscribed to an old one.",
+    )
+    return redirect(f"{reverse('profile')}#feeds-h")
+
+
 def _render(
     request: HttpRequest,
     profile_form: ProfileForm,
@@ -104,6 +119,8 @@ def _render(
         "tokens": tokens,
         "new_token": new_token,
         "me_url": request.build_absolute_uri(reverse("api:me")),
+        "feeds": [(link, request.build_absolute_uri(link.path)) for link in feed_links(user=request.user)],
+        "feeds_rotated_at": FeedKey.objects.filter(user=request.user).values_list("rotated_at", flat=True).first(),
     }
     return render(request, "accounts/profile.html", context)
 

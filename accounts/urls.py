@@ -9,4 +9,5 @@ urlpatterns = [
     path("profile/", pages.profile, name="profile"),
     path("profile/tokens/", pages.token_create, name="token-create"),
     path("profile/tokens/<int:pk>/revoke/", pages.token_revoke, name="token-revoke"),
+    path("profile/feeds/rotate/", pages.feeds_rotate, name="feeds-rotate"),
 ]
