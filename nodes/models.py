@@ -101,6 +101,12 @@ def memory_gb_to_mib(gb: int | None) -> int | None:
 
 
 # GPUs that take new bookings, as a filter (the queryset twin of Gpu.is_bookable).
+def cuda_visible_devices(gpus: list[Gpu]) -> str:
+    """What a job on the node sets CUDA_VISIBLE_DEVICES to for these GPUs. UUIDs, not indices:
+    CUDA's own numbering need not match nvidia-smi's; UUIDs always do."""
+    return ",".join(gpu.uuid for gpu in gpus)
+
+
 BOOKABLE_GPUS = models.Q(bookable=True, drained_at__isnull=True)
 
 

@@ -71,6 +71,10 @@ class Usage:
     peak_memory_mib: int | None
     minutes_reported: int
 
+    @property
+    def peak_memory_gb(self) -> float | None:
+        return None if self.peak_memory_mib is None else self.peak_memory_mib / 1024
+
 
 def usage_during(gpu_ids: Iterable[int], start: datetime, end: datetime) -> Usage:
     """Mean utilisation (over every sample of every GPU) and peak memory in [start, end)."""

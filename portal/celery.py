@@ -17,6 +17,13 @@ app.autodiscover_tasks()
 app.conf.beat_schedule = {
     # Level-triggered leases: every node gets its whole state again, repairing any lost push.
     "push-all-leases": {"task": "nodes.push_all_leases", "schedule": 60.0, "options": {"expires": 55}},
+    # Mail that is due: slots starting, ending soon, ended (each mail at most once, see
+    # notifications/services.py); it catches up after downtime.
+    "send-due-mail": {
+        "task": "notifications.send_due",
+        "schedule": float(settings.NOTIFY_SCAN_SECONDS),
+        "options": {"expires": settings.NOTIFY_SCAN_SECONDS},
+    },
     # Per-minute telemetry past its keeping time goes (idempotent: a delete by age).
     "prune-usage": {"task": "nodes.prune_usage", "schedule": 3600.0, "options": {"expires": 3000}},
     # Status pages: silent agents' nodes turn offline; slot and maintenance boundaries re-sent.

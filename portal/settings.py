@@ -229,6 +229,11 @@ LIVE_RECHECK_SECONDS = envint("LIVE_RECHECK_SECONDS", 60)
 # AGENT_OFFLINE_AFTER_SECONDS), and cards where a slot or maintenance began or ended are re-sent.
 STATUS_REFRESH_SECONDS = envint("STATUS_REFRESH_SECONDS", 10)
 
+# Mail to researchers (notifications/): beat looks for due mails (slot starting, ending soon,
+# ended) this often; an "ended" mail missed while the portal was down still goes this long after.
+NOTIFY_SCAN_SECONDS = envint("NOTIFY_SCAN_SECONDS", 60)
+NOTIFY_ENDED_CATCHUP_HOURS = envint("NOTIFY_ENDED_CATCHUP_HOURS", 6)
+
 # Telemetry down-sampled per GPU per minute (nodes/usage.py) is kept this long.
 TELEMETRY_MINUTES_KEEP_DAYS = envint("TELEMETRY_MINUTES_KEEP_DAYS", 30)
 

@@ -14,6 +14,7 @@ urlpatterns = [
     path("", include("accounts.urls")),
     path("", include("reservations.urls")),
     path("", include("nodes.urls")),
+    path("", include("notifications.urls")),
     path("", include("feeds.urls")),
 ]
 

@@ -23,7 +23,7 @@ from django.utils import dateformat, timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from nodes.models import Gpu
+from nodes.models import Gpu, cuda_visible_devices
 from reservations import selectors, services
 from reservations.exceptions import BookingError
 from reservations.forms import EXTEND_HOURS, ExtendForm, ReasonForm, RequiredReasonForm, first_error
@@ -77,8 +77,7 @@ class Row:
 
     @property
     def cuda_visible_devices(self) -> str:
-        # UUIDs, not indices: CUDA's own numbering need not match nvidia-smi's, UUIDs always do.
-        return ",".join(gpu.uuid for gpu in self.gpus)
+        return cuda_visible_devices(self.gpus)
 
     @property
     def gpu_models(self) -> str:

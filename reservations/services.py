@@ -27,6 +27,7 @@ from live import broadcast
 from nodes.models import Gpu, Node
 from nodes.pushes import push_after_commit
 from nodes.status import broadcast_node_status
+from notifications.hooks import mail_after_commit
 from reservations import selectors
 from reservations.exceptions import (
     BookingBusy,
@@ -398,8 +399,9 @@ def _require_status(reservation: Reservation, allowed: Sequence[str], becoming: 
 
 
 def _changed(actor: Any, verb: str, reservation: Reservation, before: dict[str, Any] | None, reason: str = "") -> None:
-    """Every state change: audited; once this commits, the node gets its new lease state and open
-    pages learn of it (the calendar of the period it touched, the node's status cards)."""
+    """Every state change: audited; once this commits, the node gets its new lease state, open
+    pages learn of it (the calendar of the period it touched, the node's status cards) and the
+    mails it calls for are queued."""
     push_after_commit(reservation.node_id)
     after = _snapshot(reservation)
     audit_record(
@@ -415,6 +417,7 @@ def _changed(actor: Any, verb: str, reservation: Reservation, before: dict[str, 
     end = max(datetime.fromisoformat(s["end"]) for s in touched).astimezone(UTC).isoformat()
     broadcast_node_status([reservation.node_id])
     transaction.on_commit(lambda: broadcast.send_calendar_change(node=after["node"], start=start, end=end))
+    mail_after_commit(reservation.pk, verb)
 
 
 def _snapshot(reservation: Reservation) -> dict[str, Any]:

@@ -32,13 +32,17 @@ class MailServer:
     def __init__(self) -> None:
         self.keeper = _Keeper()
         self.port = free_port()
-        self.controller = Controller(self.keeper, hostname="127.0.0.1", port=self.port)
+        self.controller: Controller | None = None
 
     def start(self) -> None:
+        """Listen (again: a stopped server can start anew, on the same port)."""
+        self.controller = Controller(self.keeper, hostname="127.0.0.1", port=self.port)
         self.controller.start()
 
     def stop(self) -> None:
-        self.controller.stop()
+        if self.controller is not None:
+            self.controller.stop()
+            self.controller = None
 
     @property
     def messages(self) -> list[EmailMessage]:
@@ -54,6 +58,11 @@ class MailServer:
     def clear(self) -> None:
         with self.keeper.lock:
             self.keeper.messages.clear()
+
+
+def subject_of(message: EmailMessage) -> str:
+    """The subject as a reader sees it (an encoded, folded header parses with a leading space)."""
+    return str(message["Subject"]).strip()
 
 
 def text_of(message: EmailMessage) -> str:
