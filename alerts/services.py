@@ -58,6 +58,9 @@ EVENT_KINDS = {NodeEvent.Kind.VIOLATION: Kind.VIOLATION, NodeEvent.Kind.LEFTOVER
 STAFF_MAIL_KINDS = tuple(kind for kind in Kind if kind != Kind.IDLE)
 # An idle window must have been reported for this share of its minutes (a silent node is not idle).
 IDLE_COVERAGE = 0.9
+# An alert not mailed this long after it opened waited (rate limit, mail or worker down): it goes
+# in a summary with the others that waited, not in a mail of its own.
+MAIL_WAITED = timedelta(minutes=2)
 # Who releases idle bookings: the portal itself (the audit trail shows no person).
 PORTAL = SimpleNamespace(pk=None, is_booking_admin=True)
 
@@ -122,14 +125,14 @@ def alerts_resolve(alerts: QuerySet[Alert], *, now: datetime, resolution: str, a
 
 
 def alert_resolve_by_admin(*, alert: Alert, actor: Any) -> bool:
-    """An admin's "resolve": a drained GPU goes back to service (which resolves it); anything else
-    is closed as handled."""
-    if alert.kind == Kind.UNKILLABLE and alert.gpu is not None and alert.gpu.drained_at is not None:
-        from nodes.reports import gpu_return_to_service
-
-        with transaction.atomic():
-            gpu_return_to_service(gpu=alert.gpu, actor=actor)
+    """An admin's "resolve": a drained GPU goes back to service (which resolves its alert, audited
+    as the GPU's return); anything else is closed as handled. True if this call resolved it."""
     with transaction.atomic():
+        if alert.kind == Kind.UNKILLABLE and alert.gpu is not None and alert.gpu.drained_at is not None:
+            from nodes.reports import gpu_return_to_service
+
+            if gpu_return_to_service(gpu=alert.gpu, actor=actor):
+                return Alert.objects.filter(pk=alert.pk, resolved_by=actor, resolved_at__isnull=False).exists()
         done = alerts_resolve(
             Alert.objects.filter(pk=alert.pk), now=timezone.now(), resolution="resolved by an admin", actor=actor
         )
@@ -572,10 +575,16 @@ def _claim(kind: str, now: datetime) -> list[_Mail]:
             .select_related("node", "gpu")
             .order_by("opened_at", "pk")
         )
-        # Within the quota one mail each; past it, the last mail the hour allows lists the rest.
-        groups = [[a] for a in pending[: quota - 1]]
-        if pending[quota - 1 :]:
-            groups.append(pending[quota - 1 :])
+        # Alerts that waited (held back by the limit, or opened while mail was down) go together in
+        # one summary; fresh ones one mail each, and past the quota the last mail lists the rest.
+        waited = [a for a in pending if a.opened_at < now - MAIL_WAITED]
+        fresh = [a for a in pending if a.opened_at >= now - MAIL_WAITED]
+        groups = [waited] if waited else []
+        quota -= len(groups)
+        if quota > 0 and fresh:
+            groups += [[a] for a in fresh[: quota - 1]]
+            if fresh[quota - 1 :]:
+                groups.append(fresh[quota - 1 :])
         mails = []
         for group in groups:
             mail = _Mail(uuid.uuid4(), group)

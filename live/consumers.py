@@ -10,7 +10,8 @@ Protocol (JSON text frames):
                                                                 new readings, batched
               {"type": "calendar", "node": "gpu-a100" | null, "start": iso | null, "end": iso | null}
               {"type": "events", "node": "...", "events": [...]}  admins only
-              {"type": "alerts", "alerts": [...]}                alerts opened or resolved, admins only
+              {"type": "alerts", "full": true, "alerts": [...]}  the open alerts, on subscribing (admins)
+              {"type": "alerts", "alerts": [...]}                alerts opened or resolved since
               {"type": "error", "code": "...", "message": "..."}
 
 Topics, and who may follow them:
@@ -58,6 +59,7 @@ ADMIN_TOPICS = {
 # last SNAPSHOT_REUSE_SECONDS instead of each building its own (64 GPUs: ~20 ms apiece). A page
 # may so miss an update of that last second; the next one (5 s at most) repairs it.
 SNAPSHOT_REUSE_SECONDS = 1.0
+ALERTS_SHOWN = 200
 _snapshots: dict[bool, tuple[float, str]] = {}
 
 
@@ -72,6 +74,15 @@ def status_snapshot(admin: bool) -> str:
         text = broadcast.encode({"type": "nodes", "full": True, "now": timezone.now(), "nodes": nodes})
         built = _snapshots[admin] = (time.monotonic(), text)
     return built[1]
+
+
+@database_sync_to_async
+def alerts_snapshot() -> str:
+    """The "alerts" topic's first message: every open alert (admins only)."""
+    from alerts.selectors import alert_data, open_alerts
+
+    alerts = [alert_data(alert) for alert in open_alerts()[:ALERTS_SHOWN]]
+    return broadcast.encode({"type": "alerts", "full": True, "alerts": alerts})
 
 
 class LiveConsumer(AsyncWebsocketConsumer):
@@ -138,6 +149,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if topic == "status":
             # Joined first, snapshot second: nothing that happens in between is lost.
             await self.send(text_data=await status_snapshot(self.admin))
+        elif topic == "alerts":
+            await self.send(text_data=await alerts_snapshot())
 
     async def _unsubscribe(self, topic: str) -> None:
         group = self.topics.pop(topic, None)

@@ -4,7 +4,8 @@
  * a full snapshot on (re)connecting, each node's new readings as its agent reports them, and a
  * node's whole cards again when a booking, maintenance window, drain, slot boundary or a return
  * from offline changes them (nodes/status.py builds them; this only draws).
- * Admins also follow "events": what the agents did and saw, newest first.
+ * Admins also follow "events": what the agents did and saw, newest first; and "alerts": the open
+ * alerts (alerts/), a full list on (re)connecting, then each one as it opens or resolves.
  *
  * Every value is written with textContent: names and reasons come from users and nodes.
  */
@@ -289,10 +290,61 @@
     while (eventsEl.children.length > MAX_EVENTS) eventsEl.lastElementChild.remove();
   }
 
+  // --- alerts (admins) -------------------------------------------------------------------------
+
+  const alertsEl = document.getElementById('alerts');
+  const alertsCountEl = document.getElementById('alerts-count');
+  const openAlerts = new Map();  // id -> alert as alerts.selectors.alert_data builds it
+
+  function alertItem(alert) {
+    const item = el('li', `alert alert-${alert.kind}`);
+    item.dataset.alert = alert.id;
+    const where = `${alert.node}${known(alert.gpu) ? ` GPU ${alert.gpu}` : ''}${alert.user ? ` · ${alert.user}` : ''}`;
+    const head = el('div', 'alert-head');
+    head.append(el('span', 'badge alert-kind', alert.label), el('strong', 'alert-where', where));
+    const since = el('time', 'alert-since', `since ${when(alert.opened_at)}`);
+    since.dateTime = alert.opened_at;
+    head.append(since);
+    item.append(head);
+    if (alert.summary) item.append(el('p', 'alert-summary', alert.summary));
+    const foot = el('p', 'alert-foot muted');
+    if (!alert.mailed && alert.kind !== 'idle') {
+      foot.append(el('span', 'alert-held', 'Not mailed yet (hourly mail limit) · '));
+    }
+    const link = el('a', '', 'Details in admin');
+    link.href = alert.admin_url;
+    foot.append(link);
+    item.append(foot);
+    return item;
+  }
+
+  function renderAlerts() {
+    if (!alertsEl) return;
+    const shown = [...openAlerts.values()].sort((a, b) => Date.parse(b.opened_at) - Date.parse(a.opened_at));
+    alertsEl.replaceChildren(...shown.map(alertItem));
+    if (!shown.length) alertsEl.append(el('li', 'muted alert-none', 'No open alerts.'));
+    alertsCountEl.textContent = String(shown.length);
+    alertsCountEl.dataset.count = String(shown.length);
+  }
+
+  function applyAlerts(message) {
+    if (message.full) openAlerts.clear();
+    for (const alert of message.alerts) {
+      if (alert.open) {
+        openAlerts.set(alert.id, alert);
+      } else {
+        openAlerts.delete(alert.id);
+      }
+    }
+    renderAlerts();
+  }
+
   // --- start -----------------------------------------------------------------------------------
 
   apply({full: true, nodes: config.status.nodes});
   addEvents(config.events, null, false);
+  const alertsData = document.getElementById('alerts-data');
+  if (alertsData) applyAlerts({full: true, alerts: JSON.parse(alertsData.textContent)});
 
   // Relative times ("12 s ago") age between messages.
   setInterval(() => {
@@ -302,7 +354,7 @@
   }, 5000);
 
   window.gpuStatus = GpuLive.connect({
-    topics: config.is_admin ? ['status', 'events'] : ['status'],
+    topics: config.is_admin ? ['status', 'events', 'alerts'] : ['status'],
     stateEl: document.getElementById('live-state'),
     onMessage(message) {
       if (message.type === 'nodes') {
@@ -311,6 +363,8 @@
         applyTelemetry(message);
       } else if (message.type === 'events') {
         addEvents(message.events, message.node, true);
+      } else if (message.type === 'alerts') {
+        applyAlerts(message);
       }
     },
   });

@@ -1,0 +1,115 @@
+"""Booked GPUs left idle: the holder is told once (real SMTP); with IDLE_AUTO_RELEASE_MINUTES the
+booking is released through reservation_release, audited with the reason, and the holder told."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from alerts.models import Alert
+from alerts.services import alerts_check_idle
+from audit.models import AuditEntry
+from nodes.models import GpuMinute
+from reservations.services import reservation_create
+from tests.conftest import at
+from tests.mailserver import text_of
+
+
+def minutes(gpu, start, count, utilization):
+    """Per-minute telemetry as nodes.usage folds it: 12 samples a minute at ``utilization`` %."""
+    for i in range(count):
+        GpuMinute.objects.update_or_create(
+            gpu=gpu,
+            minute=start + timedelta(minutes=i),
+            defaults={"samples": 12, "utilization_samples": 12, "utilization_sum": 12 * utilization},
+        )
+
+
+@pytest.fixture
+def booking(alice, gpus, clock):
+    """alice holds GPUs 0 and 1 from 10:00 to 13:00; the clock is at 10:40."""
+    reservation = reservation_create(user=alice, gpus=gpus[:2], start=at(1), end=at(4), purpose="training")
+    clock.move_to(at(1, 0) + timedelta(minutes=40), tick=False)
+    return reservation
+
+
+def test_an_idle_booked_gpu_mails_its_holder_once(booking, gpus, smtp_server):
+    minutes(gpus[0], at(1), 40, utilization=2)  # idle
+    minutes(gpus[1], at(1), 40, utilization=60)  # busy
+    run = alerts_check_idle(now=timezone.now())
+    (alert,) = Alert.objects.filter(kind="idle")
+    assert run.opened == [alert.pk] and run.holders_told == [booking.pk]
+    assert (alert.gpu, alert.username, alert.reservation_id) == (gpus[0], "alice", booking.pk)
+    assert alert.details["mean_utilization_pct"] == 2.0
+
+    assert alerts_check_idle(now=timezone.now()).holders_told == []  # the next beat: nothing more
+    (mail,) = smtp_server.wait_for(1)
+    assert mail["To"] == "alice@lab.example"
+    assert mail["Subject"] == f"Your GPU on gpu-a100 is idle (booking #{booking.pk})"
+    assert "GPU 0 until" in text_of(mail) and "under 5 % utilisation for the last 30 minutes" in text_of(mail)
+    assert "releases the booking by itself" not in text_of(mail)  # the policy is off
+
+
+def test_use_resolves_it_and_a_new_idle_spell_in_the_same_booking_does_not_mail_again(
+    booking, gpus, smtp_server, clock
+):
+    minutes(gpus[0], at(1), 40, utilization=0)
+    minutes(gpus[1], at(1), 40, utilization=90)
+    alerts_check_idle(now=timezone.now())
+    minutes(gpus[0], at(1) + timedelta(minutes=40), 1, utilization=50)
+    clock.shift(timedelta(minutes=1))
+    assert len(alerts_check_idle(now=timezone.now()).resolved) == 1
+    assert Alert.objects.get(kind="idle").resolution == "the GPU is in use again"
+
+    minutes(gpus[0], at(1) + timedelta(minutes=41), 40, utilization=1)
+    minutes(gpus[1], at(1) + timedelta(minutes=41), 40, utilization=90)
+    clock.shift(timedelta(minutes=40))
+    run = alerts_check_idle(now=timezone.now())
+    assert len(run.opened) == 1 and run.holders_told == []
+    assert len(smtp_server.wait_for(2, timeout=1)) == 1
+
+
+def test_a_gpu_that_reported_too_little_is_not_called_idle(booking, gpus):
+    minutes(gpus[0], at(1) + timedelta(minutes=20), 20, utilization=0)  # 20 of the last 30 minutes
+    minutes(gpus[1], at(1), 5, utilization=0)
+    assert alerts_check_idle(now=timezone.now()).opened == []
+
+
+def test_auto_release_releases_an_idle_booking_after_telling_its_holder(booking, gpus, smtp_server, settings, clock):
+    settings.IDLE_AUTO_RELEASE_MINUTES = 15
+    minutes(gpus[0], at(1), 60, utilization=1)
+    minutes(gpus[1], at(1), 60, utilization=3)
+    run = alerts_check_idle(now=timezone.now())
+    assert run.holders_told == [booking.pk] and run.released == []
+    told = smtp_server.wait_for(1)[0]
+    assert "Your GPUs on gpu-a100 are idle" in told["Subject"] and "releases the booking by itself" in text_of(told)
+
+    clock.shift(timedelta(minutes=15))
+    run = alerts_check_idle(now=timezone.now())
+    assert run.released == [booking.pk]
+    booking.refresh_from_db()
+    assert booking.released_at == timezone.now() and booking.end == timezone.now()
+    entry = AuditEntry.objects.get(action="reservation.idle_release")
+    assert entry.actor is None and "IDLE_AUTO_RELEASE_MINUTES" in entry.reason
+    assert AuditEntry.objects.filter(action="reservation.release", target_id=str(booking.pk)).exists()
+    assert set(Alert.objects.filter(kind="idle").values_list("resolution", flat=True)) == {
+        "booking released automatically"
+    }
+    released = smtp_server.wait_for(2)[1]
+    assert released["Subject"] == f"Your idle booking #{booking.pk} on gpu-a100 was released"
+
+    assert alerts_check_idle(now=timezone.now()).released == []  # once
+    assert len(smtp_server.wait_for(3, timeout=1)) == 2
+
+
+def test_auto_release_spares_a_booking_with_one_gpu_in_use(booking, gpus, smtp_server, settings, clock):
+    settings.IDLE_AUTO_RELEASE_MINUTES = 15
+    minutes(gpus[0], at(1), 60, utilization=0)
+    minutes(gpus[1], at(1), 60, utilization=70)
+    alerts_check_idle(now=timezone.now())
+    clock.shift(timedelta(minutes=20))
+    assert alerts_check_idle(now=timezone.now()).released == []
+    booking.refresh_from_db()
+    assert booking.released_at is None
