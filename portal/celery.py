@@ -24,6 +24,12 @@ app.conf.beat_schedule = {
         "schedule": float(settings.NOTIFY_SCAN_SECONDS),
         "options": {"expires": settings.NOTIFY_SCAN_SECONDS},
     },
+    # Usage per hour for good, attributed to bookings (recomputes whole hours: idempotent).
+    "rollup-usage": {
+        "task": "accounting.rollup_usage",
+        "schedule": float(settings.USAGE_ROLLUP_SECONDS),
+        "options": {"expires": settings.USAGE_ROLLUP_SECONDS},
+    },
     # Per-minute telemetry past its keeping time goes (idempotent: a delete by age).
     "prune-usage": {"task": "nodes.prune_usage", "schedule": 3600.0, "options": {"expires": 3000}},
     # Status pages: silent agents' nodes turn offline; slot and maintenance boundaries re-sent.

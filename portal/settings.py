@@ -58,8 +58,10 @@ INSTALLED_APPS = [
     "reservations",
     "live",
     "notifications",
+    "accounting",
     "feeds",
     "alerts",
+    "metrics",
 ]
 
 MIDDLEWARE = [
@@ -234,8 +236,13 @@ STATUS_REFRESH_SECONDS = envint("STATUS_REFRESH_SECONDS", 10)
 NOTIFY_SCAN_SECONDS = envint("NOTIFY_SCAN_SECONDS", 60)
 NOTIFY_ENDED_CATCHUP_HOURS = envint("NOTIFY_ENDED_CATCHUP_HOURS", 6)
 
-# Telemetry down-sampled per GPU per minute (nodes/usage.py) is kept this long.
+# Telemetry down-sampled per GPU per minute (nodes/usage.py) is kept this long; per hour
+# (accounting/) for good.
 TELEMETRY_MINUTES_KEEP_DAYS = envint("TELEMETRY_MINUTES_KEEP_DAYS", 30)
+# A minute counts as "used" in the usage reports when its mean utilisation reaches this.
+USAGE_USED_THRESHOLD_PCT = envint("USAGE_USED_THRESHOLD_PCT", 10)
+# How often beat rolls the recent minutes up into hours (accounting/rollup.py).
+USAGE_ROLLUP_SECONDS = envint("USAGE_ROLLUP_SECONDS", 300)
 
 # Alerts for admins (alerts/, docs/alerts.md). A GPU at or above this temperature (or its own
 # slowdown threshold, if lower) on two readings in a row opens an alert.
@@ -249,6 +256,12 @@ IDLE_AUTO_RELEASE_MINUTES = envint("IDLE_AUTO_RELEASE_MINUTES", 0)
 ALERT_EMAILS = envlist("ALERT_EMAILS", [])
 # At most this many alert mails per kind per hour; the rest wait and go together in one summary.
 ALERT_MAILS_PER_KIND_PER_HOUR = envint("ALERT_MAILS_PER_KIND_PER_HOUR", 5)
+
+# /metrics for Prometheus (metrics/, docs/metrics.md). A scrape is let in by its bearer token
+# (METRICS_TOKEN, or METRICS_TOKEN_FILE) or by its address (METRICS_ALLOWED_IPS: addresses or CIDRs,
+# matched against REMOTE_ADDR, never X-Forwarded-For); with neither set, every scrape is refused.
+METRICS_TOKEN = envstr("METRICS_TOKEN")
+METRICS_ALLOWED_IPS = envlist("METRICS_ALLOWED_IPS", [])
 
 # Booking rules that are settings rather than per-group limits (see docs/booking-rules.md).
 BOOKING_GRID_MINUTES = envint("BOOKING_GRID_MINUTES", 15)

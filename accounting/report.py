@@ -1,0 +1,237 @@
+"""The usage report: who booked how much GPU time over a period, and how much of it they used.
+
+For each row (a person, a group, a node or a GPU):
+- booked GPU-hours: the approved allocations' time inside the period (a released booking counts
+  until its release);
+- used GPU-hours: the booked minutes whose mean utilisation reached USAGE_USED_THRESHOLD_PCT
+  (accounting.UsageHour, rolled up from the agents' telemetry);
+- efficiency: used / booked;
+- released early: bookings released before their end during the period;
+- no-shows: bookings that ended in the period with readings from their GPUs but not one used
+  minute. A booking whose node reported nothing is not counted either way: nobody knows.
+
+And the demand by hour of the week: booked GPU-hours (approved and pending) falling into each
+hour of the week, in the reader's time zone.
+
+A researcher's report covers their own bookings only; a booking admin's covers everyone's. Each
+figure is one aggregate query whatever the period's length (bench/reports.py times a year of
+100 GPUs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db.models import Count, DurationField, Exists, ExpressionWrapper, F, OuterRef, Q, Sum, Value
+from django.db.models.functions import Greatest, Least
+from django.utils import timezone
+
+from accounting.models import UsageHour
+from nodes.models import Gpu, Node
+from reservations.models import Allocation, Reservation
+
+Status = Reservation.Status
+DIMENSIONS = ("user", "group", "node", "gpu")
+# How each dimension is reached from an allocation, and from a usage hour.
+_ALLOCATION_KEY = {
+    "user": "reservation__user_id",
+    "group": "reservation__user__groups",
+    "node": "gpu__node_id",
+    "gpu": "gpu_id",
+}
+_USAGE_KEY = {"user": "user_id", "group": "user__groups", "node": "gpu__node_id", "gpu": "gpu_id"}
+
+
+@dataclass
+class ReportRow:
+    key: int | None
+    label: str
+    bookings: int = 0
+    booked_gpu_hours: float = 0.0
+    used_gpu_hours: float = 0.0
+    released_early: int = 0
+    no_shows: int = 0
+    no_show_gpu_hours: float = 0.0
+
+    @property
+    def efficiency(self) -> float | None:
+        return self.used_gpu_hours / self.booked_gpu_hours if self.booked_gpu_hours else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "label": self.label,
+            "bookings": self.bookings,
+            "booked_gpu_hours": round(self.booked_gpu_hours, 2),
+            "used_gpu_hours": round(self.used_gpu_hours, 2),
+            "efficiency": None if self.efficiency is None else round(self.efficiency, 4),
+            "released_early": self.released_early,
+            "no_shows": self.no_shows,
+            "no_show_gpu_hours": round(self.no_show_gpu_hours, 2),
+        }
+
+
+@dataclass
+class Report:
+    start: datetime
+    end: datetime
+    by: str
+    rows: list[ReportRow] = field(default_factory=list)
+
+    @property
+    def total(self) -> ReportRow:
+        total = ReportRow(key=None, label="All")
+        if self.by == "group":  # a person in two groups appears in both: a sum would count them twice
+            return total
+        for row in self.rows:
+            total.bookings += row.bookings
+            total.booked_gpu_hours += row.booked_gpu_hours
+            total.used_gpu_hours += row.used_gpu_hours
+            total.released_early += row.released_early
+            total.no_shows += row.no_shows
+            total.no_show_gpu_hours += row.no_show_gpu_hours
+        return total
+
+
+def _hours(value: timedelta | None) -> float:
+    return value.total_seconds() / 3600 if value else 0.0
+
+
+def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: datetime | None = None) -> Report:
+    if by not in DIMENSIONS:
+        raise ValueError(f"by must be one of {', '.join(DIMENSIONS)}")
+    now = now or timezone.now()
+    rows: dict[int | None, ReportRow] = {}
+
+    def row(key: int | None) -> ReportRow:
+        if key not in rows:
+            rows[key] = ReportRow(key=key, label="")
+        return rows[key]
+
+    allocations = Allocation.objects.filter(
+        active=True, reservation__status=Status.APPROVED, start__lt=end, end__gt=start
+    )
+    # Usage rows are hourly: an hour counts when it begins inside the period.
+    usage = UsageHour.objects.filter(hour__gte=start, hour__lt=end, reservation__isnull=False)
+    if not viewer.is_booking_admin:
+        allocations = allocations.filter(reservation__user=viewer)
+        usage = usage.filter(user=viewer)
+
+    overlap = ExpressionWrapper(
+        Least(F("end"), Value(end)) - Greatest(F("start"), Value(start)), output_field=DurationField()
+    )
+    released = Q(reservation__released_at__gte=start, reservation__released_at__lt=end)
+    for item in (
+        allocations.values(key=F(_ALLOCATION_KEY[by]))
+        .annotate(
+            booked=Sum(overlap),
+            bookings=Count("reservation", distinct=True),
+            released=Count("reservation", distinct=True, filter=released),
+        )
+        .order_by()
+    ):
+        target = row(item["key"])
+        target.booked_gpu_hours, target.bookings = _hours(item["booked"]), item["bookings"]
+        target.released_early = item["released"]
+
+    for item in usage.values(key=F(_USAGE_KEY[by])).annotate(used=Sum("used_minutes")).order_by():
+        row(item["key"]).used_gpu_hours = (item["used"] or 0) / 60
+
+    reported = UsageHour.objects.filter(reservation=OuterRef("reservation"), minutes_reported__gt=0)
+    used = UsageHour.objects.filter(reservation=OuterRef("reservation"), used_minutes__gt=0)
+    no_shows = (
+        allocations.filter(reservation__end__gt=start, reservation__end__lte=min(end, now))
+        .filter(Exists(reported))
+        .exclude(Exists(used))
+    )
+    for item in (
+        no_shows.values(key=F(_ALLOCATION_KEY[by]))
+        .annotate(count=Count("reservation", distinct=True), booked=Sum(overlap))
+        .order_by()
+    ):
+        target = row(item["key"])
+        target.no_shows, target.no_show_gpu_hours = item["count"], _hours(item["booked"])
+
+    _label(rows, by)
+    ordered = sorted(rows.values(), key=lambda r: (-r.booked_gpu_hours, r.label))
+    return Report(start=start, end=end, by=by, rows=ordered)
+
+
+def _label(rows: dict[int | None, ReportRow], by: str) -> None:
+    keys = [key for key in rows if key is not None]
+    if by == "user":
+        names = dict(get_user_model().objects.filter(pk__in=keys).values_list("pk", "username"))
+    elif by == "group":
+        names = dict(Group.objects.filter(pk__in=keys).values_list("pk", "name"))
+    elif by == "node":
+        names = dict(Node.objects.filter(pk__in=keys).values_list("pk", "name"))
+    else:
+        names = {
+            pk: f"{node}/GPU {index}"
+            for pk, node, index in Gpu.objects.filter(pk__in=keys).values_list("pk", "node__name", "index")
+        }
+    for key, row in rows.items():
+        row.label = names.get(key, "(no group)" if by == "group" and key is None else f"#{key}")
+
+
+# --- demand by hour of the week ----------------------------------------------------------------
+
+QUARTERS_PER_WEEK = 7 * 24 * 4
+WEEK_SECONDS = 7 * 24 * 3600
+
+
+def demand_by_hour_of_week(*, start: datetime, end: datetime, viewer: Any, zone: str) -> list[list[float]]:
+    """Booked GPU-hours (approved and pending) in each hour of the week, Monday first, in ``zone``:
+    ``[weekday][hour]``.
+
+    Each allocation adds its time to a circular difference array of the week's quarter hours
+    (bookings snap to the quarter-hour grid), full weeks to every slot at once, so the cost is one
+    step per allocation, not per hour booked.
+    """
+    allocations = Allocation.objects.filter(
+        active=True, reservation__status__in=[Status.APPROVED, Status.PENDING], start__lt=end, end__gt=start
+    )
+    if not viewer.is_booking_admin:
+        allocations = allocations.filter(reservation__user=viewer)
+    tz = ZoneInfo(zone)
+    quarter = 900
+    steps = [0] * (QUARTERS_PER_WEEK + 1)
+    whole_weeks = 0
+    for first, last in allocations.values_list("start", "end").iterator(chunk_size=5000):
+        first, last = max(first, start), min(last, end)
+        # Wall-clock seconds since Monday 00:00 of the allocation's week, in the reader's zone.
+        local = first.astimezone(tz)
+        offset = local.weekday() * 86400 + local.hour * 3600 + local.minute * 60 + local.second
+        length = (last - first).total_seconds()
+        weeks, rest = divmod(length, WEEK_SECONDS)
+        whole_weeks += int(weeks)
+        begin, stop = int(offset // quarter), int((offset + rest) // quarter)
+        if stop <= QUARTERS_PER_WEEK:
+            steps[begin] += 1
+            steps[stop] -= 1
+        else:  # wraps past Sunday midnight
+            steps[begin] += 1
+            steps[QUARTERS_PER_WEEK] -= 1
+            steps[0] += 1
+            steps[stop - QUARTERS_PER_WEEK] -= 1
+    per_hour = [[0.0] * 24 for _ in range(7)]
+    running = 0
+    for slot in range(QUARTERS_PER_WEEK):
+        running += steps[slot]
+        day, hour = divmod(slot // 4, 24)
+        per_hour[day][hour] += (running + whole_weeks) * 0.25
+    return [[round(value, 2) for value in day] for day in per_hour]
+
+
+def peak_hours(demand: list[list[float]], share: float = 0.25) -> set[tuple[int, int]]:
+    """The busiest ``share`` of the week's hours (with any demand): the peak."""
+    ranked = sorted(
+        ((value, day, hour) for day, hours in enumerate(demand) for hour, value in enumerate(hours)), reverse=True
+    )
+    busy = [item for item in ranked if item[0] > 0]
+    return {(day, hour) for _, day, hour in busy[: max(1, round(len(ranked) * share))]} if busy else set()

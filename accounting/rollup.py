@@ -1,0 +1,93 @@
+"""Rolling the per-minute telemetry up into ``UsageHour`` rows, attributed to bookings.
+
+Each run recomputes whole hours from the minutes (delete and insert in one transaction), so running
+it twice, or two at once, or after a late report, gives the same rows: it is idempotent. It starts
+from the last hour it wrote, or two hours back if that is later, so after downtime it catches up
+with every minute still kept (TELEMETRY_MINUTES_KEEP_DAYS).
+
+A minute belongs to the approved booking whose allocation covered that GPU at that minute; a
+minute nobody held has no booking (use without a booking, or nothing).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, F, Max, Min, OuterRef, Q, Subquery, Sum
+from django.db.models.functions import TruncHour
+from django.utils import timezone
+
+from accounting.models import UsageHour
+from nodes.models import GpuMinute
+from reservations.models import Allocation, Reservation
+
+RECENT = timedelta(hours=2)
+_LOCK_ID = 7_446_001  # any number of our own, for PostgreSQL's advisory lock
+
+
+def floor_hour(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def rollup_recent(now: datetime | None = None) -> int:
+    """Beat's entry point: recompute from the last hour written (or two hours back)."""
+    now = now or timezone.now()
+    last = UsageHour.objects.aggregate(last=Max("hour"))["last"]
+    if last is None:
+        last = GpuMinute.objects.aggregate(first=Min("minute"))["first"] or now
+    return rollup(since=min(last, now - RECENT), until=now)
+
+
+def rollup(*, since: datetime, until: datetime) -> int:
+    """Recompute every hour from ``since``'s to ``until``'s; returns the rows written."""
+    first = floor_hour(since)
+    holder = Allocation.objects.filter(
+        gpu_id=OuterRef("gpu_id"),
+        active=True,
+        reservation__status=Reservation.Status.APPROVED,
+        start__lte=OuterRef("minute"),
+        end__gt=OuterRef("minute"),
+    ).order_by("start")
+    threshold = settings.USAGE_USED_THRESHOLD_PCT
+    used = Q(utilization_samples__gt=0, utilization_sum__gte=F("utilization_samples") * threshold)
+    hours = (
+        GpuMinute.objects.filter(minute__gte=first, minute__lt=until)
+        .annotate(
+            in_hour=TruncHour("minute", tzinfo=UTC),
+            held_by=Subquery(holder.values("reservation_id")[:1]),
+            holder_id=Subquery(holder.values("reservation__user_id")[:1]),
+        )
+        .values("gpu_id", "in_hour", "held_by", "holder_id")
+        .annotate(
+            minutes=Count("id"),
+            used_minutes=Count("id", filter=used),
+            utilization=Sum("utilization_sum"),
+            samples=Sum("utilization_samples"),
+            memory=Max("memory_used_max_mib"),
+        )
+        .order_by()
+    )
+    rows = [
+        UsageHour(
+            gpu_id=row["gpu_id"],
+            hour=row["in_hour"],
+            reservation_id=row["held_by"],
+            user_id=row["holder_id"],
+            minutes_reported=row["minutes"],
+            used_minutes=row["used_minutes"],
+            utilization_sum=row["utilization"] or 0,
+            utilization_samples=row["samples"] or 0,
+            memory_used_max_mib=row["memory"],
+        )
+        for row in hours
+    ]
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # Two runs at once would each delete, then both insert: one at a time.
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+        UsageHour.objects.filter(hour__gte=first).delete()
+        UsageHour.objects.bulk_create(rows, batch_size=2000)
+    return len(rows)

@@ -1,0 +1,133 @@
+"""The usage report on known data: bookings, minutes of telemetry, the rollup, then the figures."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Group
+
+from accounting.models import UsageHour
+from accounting.report import demand_by_hour_of_week, usage_report
+from accounting.rollup import rollup, rollup_recent
+from nodes.models import GpuMinute
+from reservations.services import reservation_create, reservation_release
+from tests.conftest import at
+
+pytestmark = pytest.mark.usefixtures("clock")
+DAY_START, DAY_END = at(-9), at(15)  # Monday 2030-01-07, 00:00 to 24:00 UTC
+
+
+def minutes(gpu, first, count, utilization):
+    GpuMinute.objects.bulk_create(
+        GpuMinute(
+            gpu=gpu,
+            minute=first + timedelta(minutes=i),
+            samples=12,
+            utilization_samples=12,
+            utilization_sum=12 * utilization,
+            memory_used_max_mib=1000,
+        )
+        for i in range(count)
+    )
+
+
+@pytest.fixture
+def day(clock, alice, bob, carol, gpus):
+    """Monday: alice uses one of her two GPUs for one of two hours, releases a later booking
+    half-way (after using it); bob books four hours and never uses them; carol's booking has no
+    readings at all (so nobody can tell)."""
+    vision, nlp = Group.objects.create(name="vision"), Group.objects.create(name="nlp")
+    alice.groups.add(vision)
+    bob.groups.add(vision, nlp)
+    both = reservation_create(user=alice, gpus=gpus[:2], start=at(1), end=at(3))  # 10:00-12:00
+    idle = reservation_create(user=bob, gpus=[gpus[2]], start=at(4), end=at(8))  # 13:00-17:00
+    unknown = reservation_create(user=carol, gpus=[gpus[3]], start=at(1), end=at(2))  # 10:00-11:00
+    later = reservation_create(user=alice, gpus=[gpus[3]], start=at(5), end=at(7))  # 14:00-16:00
+    minutes(gpus[0], at(1), 60, utilization=80)
+    minutes(gpus[1], at(1), 120, utilization=2)  # under the 10 % threshold
+    minutes(gpus[2], at(4), 240, utilization=0)
+    minutes(gpus[3], at(5), 60, utilization=50)
+    minutes(gpus[2], at(10), 30, utilization=99)  # 19:00: nobody's booking
+    clock.move_to(at(6))  # 15:00
+    reservation_release(reservation=later, actor=alice)
+    clock.move_to(at(11))  # 20:00, everything over
+    rollup(since=DAY_START, until=at(11))
+    return {"both": both, "idle": idle, "unknown": unknown, "later": later}
+
+
+def by_label(report):
+    return {row.label: row.as_dict() for row in report.rows}
+
+
+def test_per_person_booked_used_efficiency_releases_and_no_shows(day, carol):
+    rows = by_label(usage_report(start=DAY_START, end=DAY_END, by="user", viewer=carol))
+    assert rows["alice"] | {"key": None} == {
+        "key": None,
+        "label": "alice",
+        "bookings": 2,
+        "booked_gpu_hours": 5.0,  # 2 GPUs x 2 h, and 1 h until the release
+        "used_gpu_hours": 2.0,  # GPU 0 for an hour; GPU 3 for an hour
+        "efficiency": 0.4,
+        "released_early": 1,
+        "no_shows": 0,
+        "no_show_gpu_hours": 0.0,
+    }
+    assert (rows["bob"]["booked_gpu_hours"], rows["bob"]["used_gpu_hours"]) == (4.0, 0.0)
+    assert (rows["bob"]["no_shows"], rows["bob"]["no_show_gpu_hours"]) == (1, 4.0)
+    assert (rows["carol"]["booked_gpu_hours"], rows["carol"]["no_shows"]) == (1.0, 0)  # no readings: unknown
+
+
+def test_per_node_gpu_and_group(day, carol, gpus):
+    report = usage_report(start=DAY_START, end=DAY_END, by="node", viewer=carol)
+    assert [(r.label, r.bookings, r.booked_gpu_hours, r.used_gpu_hours) for r in report.rows] == [
+        ("gpu-a100", 4, 10.0, 2.0)
+    ]
+    per_gpu = by_label(usage_report(start=DAY_START, end=DAY_END, by="gpu", viewer=carol))
+    assert {label: (row["booked_gpu_hours"], row["used_gpu_hours"]) for label, row in per_gpu.items()} == {
+        "gpu-a100/GPU 0": (2.0, 1.0),
+        "gpu-a100/GPU 1": (2.0, 0.0),
+        "gpu-a100/GPU 2": (4.0, 0.0),  # the 19:00 use was nobody's booking: not counted as used
+        "gpu-a100/GPU 3": (2.0, 1.0),
+    }
+    groups = by_label(usage_report(start=DAY_START, end=DAY_END, by="group", viewer=carol))
+    assert groups["vision"]["booked_gpu_hours"] == 9.0  # alice and bob
+    assert groups["nlp"]["booked_gpu_hours"] == 4.0  # bob
+    assert groups["(no group)"]["booked_gpu_hours"] == 1.0  # carol
+
+
+def test_a_researcher_sees_only_their_own(day, alice):
+    report = usage_report(start=DAY_START, end=DAY_END, by="node", viewer=alice)
+    assert [(r.bookings, r.booked_gpu_hours, r.used_gpu_hours) for r in report.rows] == [(2, 5.0, 2.0)]
+    assert [r.label for r in usage_report(start=DAY_START, end=DAY_END, by="user", viewer=alice).rows] == ["alice"]
+
+
+def test_a_period_counts_only_the_time_inside_it(day, carol):
+    rows = by_label(usage_report(start=at(1.5), end=at(5), by="user", viewer=carol))  # 10:30-14:00
+    assert rows["alice"]["booked_gpu_hours"] == 3.0  # 2 GPUs x 1.5 h
+    assert rows["bob"]["booked_gpu_hours"] == 1.0
+
+
+def test_the_rollup_is_idempotent_and_catches_up(day, clock, gpus):
+    before = sorted(UsageHour.objects.values_list("gpu_id", "hour", "used_minutes", "reservation_id"))
+    rollup(since=DAY_START, until=at(11))
+    rollup_recent()
+    assert sorted(UsageHour.objects.values_list("gpu_id", "hour", "used_minutes", "reservation_id")) == before
+    # Later minutes, the rollup idle meanwhile: the next run picks them up.
+    minutes(gpus[0], at(12), 30, utilization=100)
+    clock.move_to(at(16))
+    rollup_recent()
+    assert UsageHour.objects.get(gpu=gpus[0], hour=at(12)).used_minutes == 30
+
+
+def test_demand_by_hour_of_week_in_the_readers_zone(day, carol):
+    utc = demand_by_hour_of_week(start=DAY_START, end=DAY_END, viewer=carol, zone="UTC")
+    monday = utc[0]
+    assert monday[10] == 3.0  # alice's two GPUs and carol's
+    assert monday[11] == 2.0
+    assert monday[13] == 1.0  # bob
+    assert monday[14] == 2.0  # bob and alice (released at 15:00)
+    assert monday[15] == 1.0
+    assert sum(sum(day) for day in utc) == 10.0
+    berlin = demand_by_hour_of_week(start=DAY_START, end=DAY_END, viewer=carol, zone="Europe/Berlin")
+    assert berlin[0][11] == 3.0  # 10:00 UTC is 11:00 in Berlin in January
