@@ -16,6 +16,7 @@ urlpatterns = [
     path("", include("nodes.urls")),
     path("", include("notifications.urls")),
     path("", include("feeds.urls")),
+    path("", include("metrics.urls")),
 ]
 
 handler400 = "portal.api.bad_request"

@@ -1,0 +1,204 @@
+"""The metrics, built from the database at each scrape by one custom collector (prometheus_client's
+``Collector``) in a registry of its own, so nothing else a process registers (the default
+registry's process and GC metrics) ends up in /metrics.
+
+The GPU and node figures come from the status cards (``nodes.status.fleet_status``), so /metrics
+says exactly what the status page says: the same online rule, the same GPU state, the same holder.
+Five queries per scrape whatever the fleet's size: three for the cards, one for lease versions, one
+for bookings.
+
+Stale readings are not exported as current: a GPU's utilisation, memory, temperature, power, ECC
+and process count appear only while its node is online and its reading is younger than
+AGENT_OFFLINE_AFTER_SECONDS; the series then stop (Prometheus marks them stale, graphs show a gap).
+``gpubook_gpu_reading_age_seconds`` stays, and says how old the last reading is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from metrics import selectors
+from nodes.status import STATES, fleet_status
+
+MIB = 1024 * 1024
+GPU_LABELS = ["node", "gpu", "holder"]
+NODE_LABELS = ["node"]
+
+# (name, help, telemetry field, conversion) of the readings exported while fresh.
+READINGS: list[tuple[str, str, str, Callable[[Any], float]]] = [
+    (
+        "gpubook_gpu_utilization_ratio",
+        "GPU utilisation as the agent last read it from NVML, 0 to 1.",
+        "utilization_pct",
+        lambda pct: pct / 100,
+    ),
+    ("gpubook_gpu_memory_used_bytes", "GPU memory in use.", "memory_used_mib", lambda mib: mib * MIB),
+    (
+        "gpubook_gpu_memory_total_bytes",
+        "GPU memory in all, as the driver reports it.",
+        "memory_total_mib",
+        lambda mib: mib * MIB,
+    ),
+    ("gpubook_gpu_temperature_celsius", "GPU temperature.", "temperature_c", float),
+    (
+        "gpubook_gpu_slowdown_temperature_celsius",
+        "The temperature at which the GPU slows itself down.",
+        "slowdown_temperature_c",
+        float,
+    ),
+    ("gpubook_gpu_power_watts", "GPU power draw.", "power_w", float),
+    (
+        "gpubook_gpu_ecc_errors_uncorrected",
+        "Uncorrected ECC errors the driver counts for the GPU (may fall back to 0 when the driver reloads).",
+        "ecc_errors_uncorrected",
+        float,
+    ),
+]
+
+
+def _moment(iso: str | None) -> datetime | None:
+    return datetime.fromisoformat(iso) if iso else None
+
+
+def _gauge(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=labels)
+
+
+class FleetCollector(Collector):
+    """Every family is yielded at each scrape, samples or not, so the names and HELP lines are
+    always there (an empty lab still shows what it would export)."""
+
+    def collect(self) -> Iterator[Metric]:
+        now = timezone.now()
+        nodes = fleet_status(now=now)
+        yield from self._gpus(nodes, now)
+        yield from self._nodes(nodes, selectors.lease_versions(), now)
+        yield from self._bookings(selectors.booking_counts(now=now), now)
+
+    def _gpus(self, nodes: list[dict[str, Any]], now: datetime) -> Iterator[Metric]:
+        fresh_for = timedelta(seconds=settings.AGENT_OFFLINE_AFTER_SECONDS)
+        info = _gauge(
+            "gpubook_gpu_info",
+            "One per GPU (physical GPUs; MIG slices are not exported yet).",
+            [*GPU_LABELS[:2], "uuid", "model"],
+        )
+        state = _gauge(
+            "gpubook_gpu_state",
+            f"1 for the GPU's state on the status page, 0 for the others ({', '.join(STATES)}).",
+            [*GPU_LABELS, "state"],
+        )
+        age = _gauge("gpubook_gpu_reading_age_seconds", "Seconds since the GPU's last telemetry reading.", GPU_LABELS)
+        processes = _gauge("gpubook_gpu_processes", "Processes using the GPU at its last reading.", GPU_LABELS)
+        readings = {name: _gauge(name, documentation, GPU_LABELS) for name, documentation, _, _ in READINGS}
+        drained = 0
+        for node in nodes:
+            for card in node["gpus"]:
+                gpu = str(card["index"])
+                holder = card["current"]["user"] if card["current"] else ""
+                labels = [node["name"], gpu, holder or ""]
+                info.add_metric([node["name"], gpu, card["uuid"], card["model"]], 1)
+                for name in STATES:
+                    state.add_metric([*labels, name], 1 if card["state"] == name else 0)
+                drained += card["drained"]
+                telemetry = card["telemetry"]
+                at = _moment(telemetry["at"]) if telemetry else None
+                if telemetry is None or at is None:
+                    continue
+                age.add_metric(labels, max((now - at).total_seconds(), 0))
+                if not node["online"] or now - at >= fresh_for:
+                    continue  # stale: not exported as if current
+                for name, _, field, convert in READINGS:
+                    if telemetry[field] is not None:
+                        readings[name].add_metric(labels, convert(telemetry[field]))
+                processes.add_metric(labels, len(telemetry["processes"]))
+        yield info
+        yield state
+        yield from readings.values()
+        yield processes
+        yield age
+        yield GaugeMetricFamily(
+            "gpubook_gpus_drained", "GPUs drained by their agent, waiting for an admin.", value=drained
+        )
+
+    def _nodes(self, nodes: list[dict[str, Any]], lease_versions: dict[str, int], now: datetime) -> Iterator[Metric]:
+        up = _gauge(
+            "gpubook_node_up", "1 while the node's agent reports (the status page's online), else 0.", NODE_LABELS
+        )
+        info = _gauge(
+            "gpubook_node_info",
+            "One per node: its status (active, maintenance, disabled) and what its agent last said.",
+            [*NODE_LABELS, "hostname", "status", "agent_version", "backend", "driver_version"],
+        )
+        report_age = _gauge(
+            "gpubook_agent_last_report_age_seconds", "Seconds since the node's agent last reported.", NODE_LABELS
+        )
+        lease_lag = _gauge(
+            "gpubook_agent_lease_version_lag",
+            "Lease snapshots the portal made for the node that its agent has not applied yet.",
+            NODE_LABELS,
+        )
+        skew = _gauge(
+            "gpubook_agent_clock_skew_seconds",
+            "The agent's clock minus the portal's, at its last heartbeat.",
+            NODE_LABELS,
+        )
+        for node in nodes:
+            name, agent = node["name"], node["agent"] or {}
+            up.add_metric([name], 1 if node["online"] else 0)
+            info.add_metric(
+                [
+                    name,
+                    node["hostname"],
+                    node["status"],
+                    agent.get("version") or "",
+                    agent.get("backend") or "",
+                    agent.get("driver_version") or "",
+                ],
+                1,
+            )
+            last_seen = _moment(node["last_seen"])
+            if last_seen is not None:
+                report_age.add_metric([name], max((now - last_seen).total_seconds(), 0))
+            if node["agent"] is not None:
+                lease_lag.add_metric([name], lease_versions.get(name, 0) - agent["applied_lease_version"])
+            if agent.get("clock_skew_seconds") is not None:
+                skew.add_metric([name], agent["clock_skew_seconds"])
+        yield from (up, info, report_age, lease_lag, skew)
+
+    def _bookings(self, bookings: selectors.Bookings, now: datetime) -> Iterator[Metric]:
+        live = _gauge(
+            "gpubook_reservations",
+            "Bookings running now or still to come, by status (pending, approved) and phase (running, upcoming).",
+            ["status", "phase"],
+        )
+        for (status, phase), count in bookings.live.items():
+            live.add_metric([status, phase], count)
+        yield live
+        yield GaugeMetricFamily(
+            "gpubook_pending_approvals",
+            "Bookings waiting for an admin's decision (not ended yet).",
+            value=bookings.pending,
+        )
+        oldest = bookings.oldest_pending_created_at
+        yield GaugeMetricFamily(
+            "gpubook_pending_approval_oldest_age_seconds",
+            "How long the oldest booking waiting for an admin has waited; 0 when none waits.",
+            value=max((now - oldest).total_seconds(), 0) if oldest else 0,
+        )
+
+
+REGISTRY = CollectorRegistry()
+REGISTRY.register(FleetCollector())
+
+
+def render() -> bytes:
+    """The metrics as Prometheus' text format (0.0.4), read from the database now."""
+    return generate_latest(REGISTRY)
