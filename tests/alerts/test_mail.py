@@ -95,6 +95,7 @@ def test_a_mail_that_fails_is_given_back_and_sent_by_the_next_run(node, gpus, st
 
 
 @pytest.mark.postgres_only
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="parallel connections: PostgreSQL")
 def test_two_runs_at_once_send_each_alert_once(transactional_db, node, gpus, staff, smtp_server, settings):
     settings.ALERT_MAILS_PER_KIND_PER_HOUR = 2
     for gpu in gpus:
