@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from datetime import timedelta
 
 import pytest
@@ -16,6 +18,20 @@ from tests.conftest import at
 from tests.factories import node_with_gpus
 
 TOKEN = "metrics-token-for-the-tests-0123456789"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool is missing: apt-get install prometheus (scripts/services does)"
+)
+
+
+def promtool(*args: str, input: str | None = None) -> str:
+    """Run Prometheus' promtool; asserts it succeeds and returns what it printed."""
+    assert PROMTOOL is not None
+    done = subprocess.run(  # noqa: S603 - promtool from PATH, our own arguments
+        [PROMTOOL, *args], input=input, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
