@@ -18,6 +18,13 @@ def _iso(moment: Any) -> str | None:
     return moment.isoformat() if moment is not None else None
 
 
+DEFAULT_SUMMARIES = {
+    Alert.Kind.VIOLATION: "processes on a GPU its user has no booking for",
+    Alert.Kind.LEFTOVER: "processes still running after the slot ended",
+    Alert.Kind.UNKILLABLE: "processes could not be ended: the GPU is drained",
+}
+
+
 def alert_summary(alert: Alert) -> str:
     """What is wrong, in a few words, from the readings or events behind it."""
     details = alert.details or {}
@@ -39,7 +46,7 @@ def alert_summary(alert: Alert) -> str:
             f"(mean {details.get('mean_utilization_pct')} %), booking #{details.get('reservation')}"
         )
     pids = event.get("pids") or ([event["pid"]] if event.get("pid") else [])
-    text = event.get("message") or ""
+    text = event.get("message") or DEFAULT_SUMMARIES.get(alert.kind, "")
     if pids:
         text = f"{text} (pids {', '.join(map(str, pids))})".strip()
     return text

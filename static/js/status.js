@@ -309,7 +309,9 @@
     if (alert.summary) item.append(el('p', 'alert-summary', alert.summary));
     const foot = el('p', 'alert-foot muted');
     if (!alert.mailed && alert.kind !== 'idle') {
-      foot.append(el('span', 'alert-held', 'Not mailed yet (hourly mail limit) · '));
+      const held = el('span', 'alert-held', 'Staff not mailed yet · ');
+      held.title = 'Mail goes at the next run, or together with others once the hourly limit allows.';
+      foot.append(held);
     }
     const link = el('a', '', 'Details in admin');
     link.href = alert.admin_url;
