@@ -18,8 +18,8 @@ def purge(*queues: str) -> None:
     broker().delete(*queues)
 
 
-def messages(queue: str) -> list[dict[str, Any]]:
-    """Each message on ``queue`` as {task, args, expires, eta}, oldest first."""
+def messages(queue: str, task: str | None = None) -> list[dict[str, Any]]:
+    """Each message on ``queue`` (of ``task`` only, if given) as {task, args, expires, eta}, oldest first."""
     found = []
     for raw in reversed(broker().lrange(queue, 0, -1)):  # kombu LPUSHes, consumers take from the right
         message = json.loads(raw)
@@ -28,4 +28,4 @@ def messages(queue: str) -> list[dict[str, Any]]:
         found.append(
             {"task": headers["task"], "args": args, "expires": headers.get("expires"), "eta": headers.get("eta")}
         )
-    return found
+    return [message for message in found if task is None or message["task"] == task]

@@ -20,6 +20,7 @@ from tests.nodes.queues import messages, purge
 
 pytestmark = pytest.mark.usefixtures("clock")
 
+PUSH_TASK = "nodes.push_node_leases"  # the booking mails go to the same queue
 PORTAL_QUEUE = "celery"
 
 
@@ -40,7 +41,7 @@ def test_a_burst_of_changes_makes_one_push_of_the_whole_state_after_commit(
         reservation_cancel(reservation=first, actor=alice)
         assert messages(PORTAL_QUEUE) == []  # nothing leaves before the commit
 
-    queued = messages(PORTAL_QUEUE)
+    queued = messages(PORTAL_QUEUE, task=PUSH_TASK)
     assert [(m["task"], m["args"]) for m in queued] == [("nodes.push_node_leases", [agent_node.pk])]
     assert queued[0]["eta"] and queued[0]["expires"]
 
@@ -62,7 +63,7 @@ def test_after_a_push_the_next_change_schedules_another(agent_node, gpus, alice,
     with django_capture_on_commit_callbacks(execute=True):
         reservation_create(user=alice, gpus=gpus[1:2], start=at(1), end=at(2))
 
-    assert len(messages(PORTAL_QUEUE)) == 2
+    assert len(messages(PORTAL_QUEUE, task=PUSH_TASK)) == 2
 
 
 def test_a_rolled_back_change_pushes_nothing(agent_node, gpus, alice, django_capture_on_commit_callbacks):
