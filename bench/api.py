@@ -258,7 +258,7 @@ def wipe_everything() -> None:
     """Empty the booking tables and delete every node and GPU (a rebuild starts from nothing)."""
     from nodes.models import Gpu, Node
 
-    execute("TRUNCATE reservations_allocation, reservations_reservation RESTART IDENTITY")
+    execute("TRUNCATE reservations_allocation, reservations_reservation RESTART IDENTITY CASCADE")
     Gpu.objects.all().delete()
     Node.objects.all().delete()
 

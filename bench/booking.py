@@ -119,7 +119,7 @@ def empty_bookings() -> None:
         connection.ops.quote_name(model._meta.db_table) for model in (Allocation, Reservation, AuditEntry)
     )
     with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {tables} RESTART IDENTITY")
+        cursor.execute(f"TRUNCATE {tables} RESTART IDENTITY CASCADE")
 
 
 def reset_bench_data() -> None:

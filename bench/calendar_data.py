@@ -102,7 +102,7 @@ def reset_lab() -> None:
     from nodes.models import Gpu, Node
     from reservations.models import Limit, MaintenanceWindow
 
-    execute("TRUNCATE reservations_allocation, reservations_reservation, audit_auditentry RESTART IDENTITY")
+    execute("TRUNCATE reservations_allocation, reservations_reservation, audit_auditentry RESTART IDENTITY CASCADE")
     MaintenanceWindow.objects.all().delete()
     Limit.objects.all().delete()
     Gpu.objects.all().delete()
