@@ -1,6 +1,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
+from accounting.api import DemandView, UsageReportView
 from accounts.api import ApiTokenViewSet, MeView
 from nodes.agent_api import EventsView, HeartbeatView, TelemetryView
 from nodes.api import FleetStatusView, GpuViewSet, NodeViewSet
@@ -18,6 +19,8 @@ urlpatterns = [
     path("availability/", AvailabilityView.as_view(), name="availability"),
     path("calendar/", CalendarDataView.as_view(), name="calendar"),
     path("status/", FleetStatusView.as_view(), name="status"),
+    path("reports/usage/", UsageReportView.as_view(), name="report-usage"),
+    path("reports/demand/", DemandView.as_view(), name="report-demand"),
     path("agent/heartbeat/", HeartbeatView.as_view(), name="agent-heartbeat"),
     path("agent/events/", EventsView.as_view(), name="agent-events"),
     path("agent/telemetry/", TelemetryView.as_view(), name="agent-telemetry"),

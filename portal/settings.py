@@ -241,6 +241,8 @@ NOTIFY_ENDED_CATCHUP_HOURS = envint("NOTIFY_ENDED_CATCHUP_HOURS", 6)
 TELEMETRY_MINUTES_KEEP_DAYS = envint("TELEMETRY_MINUTES_KEEP_DAYS", 30)
 # A minute counts as "used" in the usage reports when its mean utilisation reaches this.
 USAGE_USED_THRESHOLD_PCT = envint("USAGE_USED_THRESHOLD_PCT", 10)
+# The longest period one usage report may cover.
+REPORT_MAX_DAYS = envint("REPORT_MAX_DAYS", 400)
 # How often beat rolls the recent minutes up into hours (accounting/rollup.py).
 USAGE_ROLLUP_SECONDS = envint("USAGE_ROLLUP_SECONDS", 300)
 

@@ -15,6 +15,7 @@ urlpatterns = [
     path("", include("reservations.urls")),
     path("", include("nodes.urls")),
     path("", include("notifications.urls")),
+    path("", include("accounting.urls")),
     path("", include("feeds.urls")),
     path("", include("metrics.urls")),
 ]

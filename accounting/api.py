@@ -1,0 +1,144 @@
+"""The usage report over the API: the same figures as the reports page (accounting/report.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django.conf import settings
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounting.report import DIMENSIONS, demand_by_hour_of_week, peak_hours, usage_report
+from portal.api_schema import READ_ERRORS
+from portal.fields import AwareDateTimeField
+
+DEFAULT_DAYS = 30
+
+
+class PeriodParams(serializers.Serializer):
+    start = AwareDateTimeField(required=False, help_text="Default: 30 days before the end.")
+    end = AwareDateTimeField(required=False, help_text="Default: now.")
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        end = data.get("end") or timezone.now()
+        start = data.get("start") or end - timedelta(days=DEFAULT_DAYS)
+        if start >= end:
+            raise serializers.ValidationError({"end": "The end must come after the start."})
+        if end - start > timedelta(days=settings.REPORT_MAX_DAYS):
+            raise serializers.ValidationError(
+                {"start": f"A report covers at most {settings.REPORT_MAX_DAYS} days: ask for a shorter period."}
+            )
+        return {**data, "start": start, "end": end}
+
+
+class UsageParams(PeriodParams):
+    by = serializers.ChoiceField(choices=DIMENSIONS, default="user", help_text="What each row is.")
+
+
+class DemandParams(PeriodParams):
+    zone = serializers.CharField(required=False, max_length=64, help_text="IANA zone; default: yours.")
+
+    def validate_zone(self, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            message = f"Unknown time zone '{value[:64]}': use a name like Europe/Berlin."
+            raise serializers.ValidationError(message) from None
+        return value
+
+
+class UsageRowSerializer(serializers.Serializer):
+    key = serializers.IntegerField(allow_null=True, help_text="The person's, group's, node's or GPU's id.")
+    label = serializers.CharField()
+    bookings = serializers.IntegerField()
+    booked_gpu_hours = serializers.FloatField()
+    used_gpu_hours = serializers.FloatField(help_text="Booked minutes whose mean utilisation reached the threshold.")
+    efficiency = serializers.FloatField(allow_null=True, help_text="used / booked; null when nothing was booked.")
+    released_early = serializers.IntegerField()
+    no_shows = serializers.IntegerField(help_text="Bookings that ended with readings but not one used minute.")
+    no_show_gpu_hours = serializers.FloatField()
+
+
+class UsageReportSerializer(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    by = serializers.ChoiceField(choices=DIMENSIONS)
+    used_threshold_pct = serializers.IntegerField()
+    rows = UsageRowSerializer(many=True)
+    total = UsageRowSerializer(allow_null=True, help_text="Null when rows may overlap (by group).")
+
+
+class DemandSerializer(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    zone = serializers.CharField()
+    hours = serializers.ListField(
+        child=serializers.ListField(child=serializers.FloatField()),
+        help_text="Booked GPU-hours per [weekday][hour], Monday first.",
+    )
+    peak = serializers.ListField(
+        child=serializers.ListField(child=serializers.IntegerField()),
+        help_text="[weekday, hour] of the busiest quarter of the week's hours.",
+    )
+
+
+def report_payload(*, start: datetime, end: datetime, by: str, viewer: Any) -> dict[str, Any]:
+    report = usage_report(start=start, end=end, by=by, viewer=viewer)
+    return {
+        "start": start,
+        "end": end,
+        "by": by,
+        "used_threshold_pct": settings.USAGE_USED_THRESHOLD_PCT,
+        "rows": [row.as_dict() for row in report.rows],
+        "total": None if by == "group" else report.total.as_dict(),
+    }
+
+
+def demand_payload(*, start: datetime, end: datetime, zone: str, viewer: Any) -> dict[str, Any]:
+    hours = demand_by_hour_of_week(start=start, end=end, viewer=viewer, zone=zone)
+    return {"start": start, "end": end, "zone": zone, "hours": hours, "peak": sorted(map(list, peak_hours(hours)))}
+
+
+def _params(serializer_class: type, request: Request) -> dict[str, Any]:
+    params = serializer_class(data=request.query_params)
+    params.is_valid(raise_exception=True)
+    return params.validated_data
+
+
+class UsageReportView(APIView):
+    """Admins see everyone's usage; researchers their own."""
+
+    @extend_schema(
+        summary="Usage report: booked and used GPU-hours, efficiency, early releases, no-shows",
+        parameters=[
+            OpenApiParameter("start", datetime),
+            OpenApiParameter("end", datetime),
+            OpenApiParameter("by", str, enum=list(DIMENSIONS)),
+        ],
+        responses={200: UsageReportSerializer, **READ_ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        data = _params(UsageParams, request)
+        return Response(report_payload(start=data["start"], end=data["end"], by=data["by"], viewer=request.user))
+
+
+class DemandView(APIView):
+    @extend_schema(
+        summary="Demand: booked GPU-hours by hour of the week",
+        parameters=[
+            OpenApiParameter("start", datetime),
+            OpenApiParameter("end", datetime),
+            OpenApiParameter("zone", str),
+        ],
+        responses={200: DemandSerializer, **READ_ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        data = _params(DemandParams, request)
+        zone = data.get("zone") or getattr(request.user, "timezone", "") or "UTC"
+        return Response(demand_payload(start=data["start"], end=data["end"], zone=zone, viewer=request.user))

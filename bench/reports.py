@@ -1,0 +1,166 @@
+"""The usage report over a year of 100 GPUs: how long each view takes to compute.
+
+What it measures
+    A lab of 10 nodes x 10 GPUs, booked for the whole past year by 30 researchers in 5 groups:
+    on every GPU, bookings of 2 to 8 hours with gaps of 0 to 8 hours between them (about 110,000
+    bookings), and a UsageHour row (accounting/) for every GPU-hour of the year (876,000 rows),
+    attributed to the booking that held it, with a random share of used minutes. Then, as an admin
+    (who sees everyone), the report over the past 365 days by person, group, node and GPU, and the
+    demand by hour of the week, each ``--repeat`` times after one warm-up: p50 and max.
+
+    What a browser waits for on the reports page is one of these plus rendering the JSON.
+
+How to run it
+    It needs PostgreSQL and a database of its own, whose name contains "bench": every run empties
+    its bookings, usage, nodes and GPUs and loads the year anew with COPY (about half a minute).
+
+        DATABASE_URL=postgres://portal:portal@127.0.0.1:5432/portal_bench_reports .venv/bin/python bench/reports.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import argparse
+import random
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from benchdb import create_lab, execute, open_database, percentile_ms
+
+NODES, GPUS_PER_NODE, USERS, GROUPS = 10, 10, 30, 5
+SEED = 8
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs of each view (default 5)")
+    return parser.parse_args(argv)
+
+
+def reset() -> None:
+    from nodes.models import Gpu, Node
+
+    execute(
+        "TRUNCATE accounting_usagehour, notifications_notification, reservations_allocation, "
+        "reservations_reservation, audit_auditentry RESTART IDENTITY CASCADE"
+    )
+    Gpu.objects.all().delete()
+    Node.objects.all().delete()
+
+
+def people() -> tuple[list[int], Any]:
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    user_model = get_user_model()
+    groups = [Group.objects.get_or_create(name=f"bench-group-{g}")[0] for g in range(GROUPS)]
+    ids = []
+    for i in range(USERS):
+        name = f"bench-rep-{i}"
+        user = user_model.objects.filter(username=name).first() or user_model.objects.create_user(
+            username=name, unix_username=name.replace("-", "_")
+        )
+        user.groups.set([groups[i % GROUPS]])
+        ids.append(user.pk)
+    admin = user_model.objects.filter(username="bench-rep-admin").first() or user_model.objects.create_user(
+        username="bench-rep-admin", unix_username="bench_rep_admin", is_staff=True
+    )
+    return ids, admin
+
+
+def load_year(url: str, now: datetime) -> tuple[int, int]:
+    """Bookings and usage hours for the past year; returns their counts."""
+    lab = create_lab([f"rep-{n}" for n in range(NODES)], GPUS_PER_NODE, [("NVIDIA H100 80GB HBM3", 81559)], "rp")
+    user_ids, _admin = people()
+    rng = random.Random(SEED)
+    first = (now - timedelta(days=366)).replace(minute=0, second=0, microsecond=0)
+    bookings = []  # (user, node, gpu, start, end)
+    for node_id, gpu_id in lab:
+        moment = first + timedelta(hours=rng.randrange(8))
+        while moment < now:
+            end = moment + timedelta(hours=rng.randrange(2, 9))
+            bookings.append((rng.choice(user_ids), node_id, gpu_id, moment, min(end, now)))
+            moment = end + timedelta(hours=rng.randrange(0, 9))
+    hours = 0
+    with psycopg.connect(url) as conn, conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence('reservations_reservation', 'id')) FROM generate_series(1, %s)",
+            [len(bookings)],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+        with cursor.copy(
+            'COPY reservations_reservation (id, user_id, node_id, start, "end", purpose, status, created_at, '
+            "decision_reason, cancel_reason) FROM STDIN"
+        ) as copy:
+            for pk, (user_id, node_id, _gpu, start, end) in zip(ids, bookings, strict=True):
+                copy.write_row((pk, user_id, node_id, start, end, "", "approved", start, "", ""))
+        with cursor.copy(
+            'COPY reservations_allocation (reservation_id, gpu_id, start, "end", active) FROM STDIN'
+        ) as copy:
+            for pk, (_user, _node, gpu_id, start, end) in zip(ids, bookings, strict=True):
+                copy.write_row((pk, gpu_id, start, end, True))
+        with cursor.copy(
+            "COPY accounting_usagehour (gpu_id, hour, reservation_id, user_id, minutes_reported, used_minutes, "
+            "utilization_sum, utilization_samples, memory_used_max_mib) FROM STDIN"
+        ) as copy:
+            for pk, (user_id, _node, gpu_id, start, end) in zip(ids, bookings, strict=True):
+                hour = start
+                while hour < end:
+                    used = rng.choice((0, 0, 15, 30, 45, 60, 60, 60))
+                    copy.write_row((gpu_id, hour, pk, user_id, 60, used, used * 12 * 80, 720, 40000))
+                    hour += timedelta(hours=1)
+                    hours += 1
+        conn.commit()
+        conn.autocommit = True
+        cursor.execute("ANALYZE")
+    return len(bookings), hours
+
+
+def timed(label: str, run: Any, repeat: int) -> None:
+    run()
+    seconds = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = run()
+        seconds.append(time.perf_counter() - started)
+    size = len(result.rows) if hasattr(result, "rows") else len(result)
+    print(f"{label:<34} p50 {percentile_ms(seconds, 50):7.0f} ms   max {max(seconds) * 1000:7.0f} ms   ({size} rows)")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    url = open_database("bench/reports.py", "portal_bench_reports")
+    from accounting.report import demand_by_hour_of_week, usage_report
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    reset()
+    started = time.perf_counter()
+    bookings, hours = load_year(url, now)
+    _ids, admin = people()
+    print(
+        f"lab: {NODES * GPUS_PER_NODE} GPUs, {bookings:,} bookings and {hours:,} usage hours over the past year, "
+        f"loaded in {time.perf_counter() - started:.0f} s"
+    )
+    start = now - timedelta(days=365)
+    for by in ("user", "group", "node", "gpu"):
+        timed(
+            f"a year's report by {by}",
+            lambda by=by: usage_report(start=start, end=now, by=by, viewer=admin),
+            args.repeat,
+        )
+    timed(
+        "a year's demand by hour of the week",
+        lambda: demand_by_hour_of_week(start=start, end=now, viewer=admin, zone="Europe/Berlin"),
+        args.repeat,
+    )
+
+
+if __name__ == "__main__":
+    main()

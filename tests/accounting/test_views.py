@@ -1,0 +1,88 @@
+"""The usage report over the API, on the page and as CSV: who sees what, and bad periods."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+from django.test import Client
+
+from tests.accounting.test_report import day  # noqa: F401 (the fixture)
+from tests.api_helpers import client_for
+
+pytestmark = pytest.mark.usefixtures("clock")
+PERIOD = {"start": "2030-01-07T00:00:00Z", "end": "2030-01-08T00:00:00Z"}
+
+
+def page_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_the_api_gives_admins_everyone_and_researchers_themselves(day, alice, carol):  # noqa: F811
+    admin = client_for(carol).get("/api/v1/reports/usage/", PERIOD | {"by": "user"}).json()
+    assert {row["label"]: row["used_gpu_hours"] for row in admin["rows"]} == {"alice": 2.0, "bob": 0.0, "carol": 0.0}
+    assert admin["total"]["booked_gpu_hours"] == 10.0
+    assert admin["used_threshold_pct"] == 10
+    own = client_for(alice).get("/api/v1/reports/usage/", PERIOD | {"by": "node"}).json()
+    assert [(row["label"], row["booked_gpu_hours"]) for row in own["rows"]] == [("gpu-a100", 5.0)]
+    demand = client_for(carol).get("/api/v1/reports/demand/", PERIOD | {"zone": "UTC"}).json()
+    assert demand["hours"][0][10] == 3.0 and [0, 10] in demand["peak"]
+
+
+@pytest.mark.parametrize(
+    ("params", "field", "words"),
+    [
+        ({"start": "2030-01-08T00:00:00Z", "end": "2030-01-07T00:00:00Z"}, "end", "after the start"),
+        ({"start": "2028-01-01T00:00:00Z", "end": "2030-01-07T00:00:00Z"}, "start", "at most 400 days"),
+        ({"start": "2030-01-07T00:00:00"}, "start", "time zone"),
+        ({"by": "planet"}, "by", "not a valid choice"),
+    ],
+)
+def test_bad_periods_are_refused_in_words(alice, params, field, words):
+    answer = client_for(alice).get("/api/v1/reports/usage/", params)
+    assert answer.status_code == 400
+    assert words in str(answer.json()["error"]["details"]["fields"][field])
+
+
+def test_reports_need_a_login(db):
+    assert client_for(None).get("/api/v1/reports/usage/").status_code == 401
+    assert Client().get("/reports/").status_code == 302
+    assert Client().get("/reports/usage.csv").status_code == 302
+
+
+def test_the_page_shows_the_table_and_the_heatmaps_data(day, carol, alice):  # noqa: F811
+    response = page_for(carol).get("/reports/", {"start": "2030-01-07", "end": "2030-01-07", "by": "user"})
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert '<th scope="row">alice</th>' in html and "40 %" in html  # alice's efficiency
+    assert 'href="usage.csv?start=2030-01-07&amp;end=2030-01-07&amp;by=user"' in html
+    own = page_for(alice).get("/reports/", {"start": "2030-01-07", "end": "2030-01-07"}).content.decode()
+    assert '<th scope="row">bob</th>' not in own
+
+
+def test_the_page_explains_a_bad_period(alice):
+    response = page_for(alice).get("/reports/", {"start": "2030-01-08", "end": "2030-01-07"})
+    assert response.status_code == 400
+    assert "The last day comes before the first" in response.content.decode()
+
+
+def test_the_csv_has_the_tables_rows(day, carol):  # noqa: F811
+    response = page_for(carol).get("/reports/usage.csv", {"start": "2030-01-07", "end": "2030-01-07", "by": "user"})
+    assert response["Content-Type"] == "text/csv; charset=utf-8"
+    assert "gpu-usage-by-user-2030-01-07-2030-01-07.csv" in response["Content-Disposition"]
+    rows = list(csv.reader(io.StringIO(response.content.decode())))
+    assert rows[0] == [
+        "person",
+        "bookings",
+        "booked GPU-hours",
+        "used GPU-hours",
+        "efficiency",
+        "released early",
+        "no-shows",
+        "no-show GPU-hours",
+    ]
+    assert ["alice", "2", "5.0", "2.0", "0.4", "1", "0", "0.0"] in rows
+    assert page_for(carol).get("/reports/usage.csv", {"start": "bad"}).status_code == 400
