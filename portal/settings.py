@@ -35,10 +35,39 @@ def _secret_key() -> str:
 SECRET_KEY = _secret_key()
 DEBUG = envbool("DEBUG", False)
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
-CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
 SITE_NAME = envstr("SITE_NAME", "GPU booking portal")
 # How node agents and emails reach the portal.
 PORTAL_URL = envstr("PORTAL_URL", "http://127.0.0.1:8000")
+
+# Production behind a TLS-terminating reverse proxy (docs/security.md). An https PORTAL_URL turns on
+# secure cookies and trusts its own origin for CSRF; the proxy headers are trusted only when asked,
+# because a portal reached directly would otherwise believe whatever a client sends.
+_portal = urlsplit(PORTAL_URL)
+_https = _portal.scheme == "https"
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+if _https and f"https://{_portal.netloc}" not in CSRF_TRUSTED_ORIGINS:
+    CSRF_TRUSTED_ORIGINS.append(f"https://{_portal.netloc}")
+TRUST_X_FORWARDED_PROTO = envbool("TRUST_X_FORWARDED_PROTO", False)
+if TRUST_X_FORWARDED_PROTO:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+USE_X_FORWARDED_HOST = envbool("USE_X_FORWARDED_HOST", False)
+# On by default only when the portal can tell https requests apart (https URL and a trusted proxy
+# header): without the header every request looks like http and the redirect would loop.
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", _https and TRUST_X_FORWARDED_PROTO)
+SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", _https)
+CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", _https)
+SESSION_COOKIE_HTTPONLY = True
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", SECURE_HSTS_SECONDS > 0)
+SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", False)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = envstr("SECURE_REFERRER_POLICY", "same-origin")
+X_FRAME_OPTIONS = "DENY"
+SILENCED_SYSTEM_CHECKS = envlist("SILENCED_SYSTEM_CHECKS", [])
+if not SECURE_HSTS_PRELOAD:
+    # Asking browsers to preload the domain is a separate, hard-to-undo decision (hstspreload.org),
+    # not a default: not making it is no warning.
+    SILENCED_SYSTEM_CHECKS.append("security.W021")
 
 INSTALLED_APPS = [
     "daphne",
@@ -132,9 +161,17 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(envstr("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
+# STATIC_MANIFEST=true (production, after collectstatic): file names carry a content hash and
+# WhiteNoise serves them with far-future cache headers. Off by default: tests and a fresh checkout
+# run without collectstatic, and the manifest storage refuses any file it has not collected.
+STATIC_MANIFEST = envbool("STATIC_MANIFEST", False)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if STATIC_MANIFEST
+        else "whitenoise.storage.CompressedStaticFilesStorage"
+    },
 }
 
 REST_FRAMEWORK = {
