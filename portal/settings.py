@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import dj_database_url
 import dj_email_url
+from django.core.exceptions import ImproperlyConfigured
 
 from portal.env import envbool, envint, envlist, envstr
 
@@ -312,10 +313,19 @@ FEED_PAST_DAYS = envint("FEED_PAST_DAYS", 30)
 FEED_FUTURE_DAYS = envint("FEED_FUTURE_DAYS", 90)
 FEED_RATE_PER_HOUR = envint("FEED_RATE_PER_HOUR", 60)
 
+# Logs go to stderr: plain lines, or with LOG_FORMAT=json one JSON object per line (time, level,
+# logger, message, and the request or Celery task where there is one; portal/logs.py).
+LOG_FORMAT = envstr("LOG_FORMAT", "plain")
+_formatters = {
+    "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    "json": {"()": "portal.logs.JsonFormatter"},
+}
+if LOG_FORMAT not in _formatters:
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: use plain or json.")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {LOG_FORMAT: _formatters[LOG_FORMAT]},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
 }
