@@ -15,7 +15,7 @@ from typing import Any
 
 from celery.exceptions import SecurityWarning
 
-from nodes.agent import AGENT_VERSION, procfs
+from nodes.agent import AGENT_VERSION, procfs, selfcheck
 from nodes.agent.config import ConfigError, load_config
 from nodes.agent.enforcer import Enforcer
 from nodes.agent.gpus import BackendUnavailable, open_backend
@@ -29,7 +29,15 @@ log = logging.getLogger("gpubook.agent")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpubook-agent", description="GPU booking portal node agent")
     parser.add_argument("--config", help="KEY=value config file (default /etc/gpubook/agent.conf)")
+    parser.add_argument(
+        "--check", action="store_true", help="check this server and the config (OK/WARN/FAIL each), then exit"
+    )
+    parser.add_argument("--json", action="store_true", help="with --check: print the results as JSON")
     args = parser.parse_args(argv)
+    if args.json and not args.check:
+        parser.error("--json goes with --check")
+    if args.check:
+        return selfcheck.main(args.config, as_json=args.json)
     try:
         config = load_config(args.config)
     except ConfigError as error:
