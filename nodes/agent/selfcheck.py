@@ -240,13 +240,14 @@ def check_device_files(paths: list[str], *, simulated: bool) -> Check:
         return Check("device files", WARN, "no nvidia<N> device file to check")
     uid_min = procfs.uid_min()
     problems: list[str] = []
+    open_to_all: list[str] = []
     details = []
     for path in paths:
         info = os.stat(path)
         mode, owner, group = stat.S_IMODE(info.st_mode), _user(info.st_uid), _group(info.st_gid)
         details.append(f"{stat.filemode(info.st_mode)} {owner} {group} {path}")
         if mode & 0o006:
-            problems.append(f"{path} can be opened by everyone (mode {mode:04o})")
+            open_to_all.append(f"{path} ({mode:04o})")
         elif info.st_uid != 0 and mode & 0o600:
             problems.append(f"{path} belongs to {owner}, who can always open it")
         elif mode & 0o060:
@@ -254,6 +255,8 @@ def check_device_files(paths: list[str], *, simulated: bool) -> Check:
             if members:
                 shown = ", ".join(members[:5]) + (f" and {len(members) - 5} more" if len(members) > 5 else "")
                 problems.append(f"{path} is open to group {group}, which ordinary users belong to ({shown})")
+    if open_to_all:
+        problems.insert(0, f"everyone can open {', '.join(open_to_all)}")
     if not problems:
         return Check(
             "device files",
