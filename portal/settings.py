@@ -154,6 +154,95 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "calendar"
 LOGOUT_REDIRECT_URL = "login"
 
+# Institutional login (docs/security.md), off unless configured; the packages come with the `sso`
+# extra. Local accounts (ModelBackend) keep working either way.
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+
+
+def _sso_import(package: str, variable: str) -> None:
+    try:
+        __import__(package)
+    except ImportError:
+        raise ImproperlyConfigured(f"{variable} is set but {package} is not installed: pip install '.[sso]'") from None
+
+
+def _require(*names: str) -> None:
+    missing = [name for name in names if not globals()[name]]
+    if missing:
+        raise ImproperlyConfigured(f"Institutional login needs {', '.join(missing)} as well.")
+
+
+# LDAP: the password form asks the directory (django-auth-ldap), searching the user's entry with a
+# service account, then binding as the user.
+LDAP_SERVER_URI = envstr("LDAP_SERVER_URI")
+LDAP_UNIX_USERNAME_ATTR = envstr("LDAP_UNIX_USERNAME_ATTR", "uid")
+if LDAP_SERVER_URI:
+    _sso_import("django_auth_ldap", "LDAP_SERVER_URI")
+    import ldap
+    from django_auth_ldap import config as _ldap
+
+    LDAP_USER_SEARCH_BASE = envstr("LDAP_USER_SEARCH_BASE")
+    _require("LDAP_USER_SEARCH_BASE")
+    AUTH_LDAP_SERVER_URI = LDAP_SERVER_URI
+    AUTH_LDAP_START_TLS = envbool("LDAP_START_TLS", False)
+    AUTH_LDAP_BIND_DN = envstr("LDAP_BIND_DN")
+    AUTH_LDAP_BIND_PASSWORD = envstr("LDAP_BIND_PASSWORD")
+    AUTH_LDAP_USER_SEARCH = _ldap.LDAPSearch(
+        LDAP_USER_SEARCH_BASE, ldap.SCOPE_SUBTREE, envstr("LDAP_USER_SEARCH_FILTER", "(uid=%(user)s)")
+    )
+    AUTH_LDAP_USER_ATTR_MAP = {
+        "first_name": envstr("LDAP_ATTR_FIRST_NAME", "givenName"),
+        "last_name": envstr("LDAP_ATTR_LAST_NAME", "sn"),
+        "email": envstr("LDAP_ATTR_EMAIL", "mail"),
+    }
+    # Members of this group (a DN) are staff, that is booking admins; everyone else is not.
+    LDAP_STAFF_GROUP = envstr("LDAP_STAFF_GROUP")
+    if LDAP_STAFF_GROUP:
+        AUTH_LDAP_GROUP_SEARCH = _ldap.LDAPSearch(
+            envstr("LDAP_GROUP_SEARCH_BASE", LDAP_USER_SEARCH_BASE),
+            ldap.SCOPE_SUBTREE,
+            envstr("LDAP_GROUP_SEARCH_FILTER", "(objectClass=groupOfNames)"),
+        )
+        _group_types = {
+            "groupOfNames": _ldap.GroupOfNamesType,
+            "groupOfUniqueNames": _ldap.GroupOfUniqueNamesType,
+            "posixGroup": _ldap.PosixGroupType,
+        }
+        _group_type = envstr("LDAP_GROUP_TYPE", "groupOfNames")
+        if _group_type not in _group_types:
+            raise ImproperlyConfigured(f"LDAP_GROUP_TYPE={_group_type!r}: use one of {', '.join(_group_types)}.")
+        AUTH_LDAP_GROUP_TYPE = _group_types[_group_type]()
+        AUTH_LDAP_USER_FLAGS_BY_GROUP = {"is_staff": LDAP_STAFF_GROUP}
+    AUTHENTICATION_BACKENDS.insert(0, "accounts.sso_ldap.PortalLDAPBackend")
+
+# OpenID Connect: an "institutional login" button on the login page (mozilla-django-oidc, code flow
+# with PKCE). Endpoints are given explicitly: the provider's /.well-known/openid-configuration lists
+# them. Users are created and updated from the claims (accounts/sso_oidc.py).
+OIDC_RP_CLIENT_ID = envstr("OIDC_RP_CLIENT_ID")
+OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
+OIDC_LOGIN_LABEL = envstr("OIDC_LOGIN_LABEL", "Institutional login")
+OIDC_USERNAME_CLAIM = envstr("OIDC_USERNAME_CLAIM", "preferred_username")
+OIDC_UNIX_USERNAME_CLAIM = envstr("OIDC_UNIX_USERNAME_CLAIM", OIDC_USERNAME_CLAIM)
+OIDC_GROUPS_CLAIM = envstr("OIDC_GROUPS_CLAIM", "groups")
+OIDC_STAFF_GROUPS = envlist("OIDC_STAFF_GROUPS", [])
+if OIDC_ENABLED:
+    _sso_import("mozilla_django_oidc", "OIDC_RP_CLIENT_ID")
+    OIDC_RP_CLIENT_SECRET = envstr("OIDC_RP_CLIENT_SECRET")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = envstr("OIDC_OP_AUTHORIZATION_ENDPOINT")
+    OIDC_OP_TOKEN_ENDPOINT = envstr("OIDC_OP_TOKEN_ENDPOINT")
+    OIDC_OP_USER_ENDPOINT = envstr("OIDC_OP_USER_ENDPOINT")
+    OIDC_OP_JWKS_ENDPOINT = envstr("OIDC_OP_JWKS_ENDPOINT")
+    OIDC_RP_SIGN_ALGO = envstr("OIDC_RP_SIGN_ALGO", "RS256")
+    OIDC_RP_SCOPES = envstr("OIDC_RP_SCOPES", "openid email profile")
+    _require(
+        "OIDC_RP_CLIENT_SECRET", "OIDC_OP_AUTHORIZATION_ENDPOINT", "OIDC_OP_TOKEN_ENDPOINT", "OIDC_OP_USER_ENDPOINT"
+    )
+    if OIDC_RP_SIGN_ALGO.startswith(("RS", "ES")):
+        _require("OIDC_OP_JWKS_ENDPOINT")
+    OIDC_USE_PKCE = True
+    LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/"
+    AUTHENTICATION_BACKENDS.append("accounts.sso_oidc.PortalOIDCBackend")
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = envstr("TIME_ZONE", "UTC")
 USE_I18N = True

@@ -1,0 +1,37 @@
+"""LDAP login (django-auth-ldap): the password form checks the password against the directory,
+creates or updates the user from its entry (names and mail through AUTH_LDAP_USER_ATTR_MAP, staff
+from LDAP_STAFF_GROUP), and takes the unix username from ``LDAP_UNIX_USERNAME_ATTR`` (default
+``uid``), refused unless it passes the portal's rule (accounts.validators)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.dispatch import receiver
+from django_auth_ldap.backend import LDAPBackend, populate_user
+
+from accounts.models import User
+from accounts.sso import check_unix_username, refusal
+
+logger = logging.getLogger(__name__)
+
+
+class PortalLDAPBackend(LDAPBackend):
+    pass
+
+
+@receiver(populate_user, sender=PortalLDAPBackend)
+def take_unix_username(sender: type, user: User, ldap_user: Any, **kwargs: Any) -> None:
+    values = ldap_user.attrs.get(settings.LDAP_UNIX_USERNAME_ATTR) or []
+    if not values:
+        return
+    try:
+        check_unix_username(user, values[0])
+    except ValidationError as error:
+        message = refusal(repr(user.username), error)
+        logger.warning(message)
+        raise ldap_user.AuthenticationFailed(message) from None
+    user.unix_username = values[0]
