@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from nodes.agent import AGENT_VERSION, acl, procfs
 from nodes.agent.config import DEFAULT_CONFIG_FILE, ENV_PREFIX, AgentConfig, ConfigError, load_config
 from nodes.agent.gpus import BackendUnavailable, GpuBackend, open_backend
+from nodes.agent.usernames import valid_username
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 TIMEOUT = 5.0  # seconds for each network probe
@@ -380,9 +381,10 @@ def heartbeat_body(config: AgentConfig, backend: GpuBackend | None) -> dict[str,
     acls: dict[str, list[str]] = {}
     for gpu in backend.gpus() if backend else []:
         try:
-            acls[gpu.uuid] = sorted(acl.granted_users(backend.device_path(gpu.uuid)))  # type: ignore[union-attr]
+            users = acl.granted_users(backend.device_path(gpu.uuid))  # type: ignore[union-attr]
         except (acl.AclError, OSError):
             continue
+        acls[gpu.uuid] = sorted(user for user in users if valid_username(user))  # as the portal accepts them
     return {
         "sent_at": datetime.now(UTC).isoformat(),
         "agent_version": AGENT_VERSION,
@@ -544,6 +546,10 @@ def _detail(error: urllib.error.HTTPError) -> str:
         data = json.loads(raw)
     except ValueError:
         return raw.strip()[:200]
+    # The portal's error envelope {"error": {"message": ...}}, or DRF's plain {"detail": ...}.
+    error_body = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error_body, dict) and isinstance(error_body.get("message"), str):
+        return error_body["message"]
     if isinstance(data, dict) and isinstance(data.get("detail"), str):
         return data["detail"]
     return raw.strip()[:200]

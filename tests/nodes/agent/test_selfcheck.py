@@ -30,6 +30,8 @@ from nodes.agent import acl, selfcheck
 from nodes.agent.gpus.simulated import simulated_uuid
 from nodes.agent.main import main as agent_main
 from nodes.agent.selfcheck import FAIL, MODPROBE_OPTIONS, OK, WARN, Check, check_root, run_checks
+from nodes.models import AgentState
+from nodes.services import node_register
 from tests.nodes.agent.harness import REPO, RecordingPortal, free_port
 
 GPUS = 2
@@ -429,3 +431,24 @@ def test_the_text_output_puts_the_fix_under_the_failure():
         "WARN  clock: late",
         "1 failed, 1 warning(s): fix the failures before starting the agent.",
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_real_portal_takes_the_heartbeat_and_refuses_a_wrong_token(workdir, live_server):
+    credentials = node_register(name="gpu-check", hostname="check.lab")
+    node = Node(workdir, portal_url=live_server.url, agent_token=credentials.agent_token)
+
+    checks = node.check()
+
+    assert (checks["portal"].status, checks["clock"].status) == (OK, OK), checks["portal"].message
+    assert "the portal's time" in checks["clock"].message  # its portal_time, not the Date header
+    state = AgentState.objects.get(node=credentials.node)
+    assert (state.backend, state.applied_version) == ("simulated", 0)
+
+    node.values["AGENT_TOKEN"] = "gpn_not-this-nodes-token"
+    node.write()
+    refused = node.check()["portal"]
+    assert refused.status == FAIL
+    assert refused.message == (
+        "the portal refused the node token (HTTP 401: Unknown node token: register the node or issue new credentials.)"
+    )
