@@ -72,6 +72,19 @@ def execute(statement: str, params: Sequence[Any] = ()) -> None:
         cursor.execute(statement, params)
 
 
+def reset_lab() -> None:
+    """Start from nothing: no bookings, maintenance, limits, GPUs, nodes or audit entries.
+    CASCADE: tables of other apps that point at bookings (usage hours, mails, alerts) go with them."""
+    from nodes.models import Gpu, Node
+    from reservations.models import Limit, MaintenanceWindow
+
+    execute("TRUNCATE reservations_allocation, reservations_reservation, audit_auditentry RESTART IDENTITY CASCADE")
+    MaintenanceWindow.objects.all().delete()
+    Limit.objects.all().delete()
+    Gpu.objects.all().delete()
+    Node.objects.all().delete()
+
+
 def create_lab(
     names: Sequence[str], gpus_per_node: int, models: Sequence[tuple[str, int]], uuid_tag: str = ""
 ) -> list[tuple[int, int]]:

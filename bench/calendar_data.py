@@ -51,7 +51,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import psycopg
-from benchdb import create_lab, execute, open_database, percentile_ms
+from benchdb import create_lab, open_database, percentile_ms, reset_lab
 
 NODE_COUNT = 8
 GPUS_PER_NODE = 8
@@ -95,18 +95,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.requests < 1 or args.history_weeks < 0:
         parser.error("--requests must be positive and --history-weeks not negative")
     return args
-
-
-def reset_lab() -> None:
-    """Start from nothing: no bookings, maintenance, limits, GPUs, nodes or audit entries."""
-    from nodes.models import Gpu, Node
-    from reservations.models import Limit, MaintenanceWindow
-
-    execute("TRUNCATE reservations_allocation, reservations_reservation, audit_auditentry RESTART IDENTITY CASCADE")
-    MaintenanceWindow.objects.all().delete()
-    Limit.objects.all().delete()
-    Gpu.objects.all().delete()
-    Node.objects.all().delete()
 
 
 def ensure_users() -> tuple[list[Any], Any]:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from benchdb import create_lab, execute, open_database, percentile_ms
+from benchdb import create_lab, execute, open_database, percentile_ms, reset_lab
 
 GPUS_PER_NODE = 8
 USER_PREFIX = "bench-metrics-user-"
@@ -57,19 +57,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.nodes < 1 or args.requests < 1:
         parser.error("--nodes and --requests must be positive")
     return args
-
-
-def reset_lab() -> None:
-    """Start from nothing: no bookings, maintenance, limits, GPUs, nodes or audit entries."""
-    from nodes.models import Gpu, Node
-    from reservations.models import Limit, MaintenanceWindow
-
-    # CASCADE: tables of other apps that point at bookings (usage accounting) are emptied with them.
-    execute("TRUNCATE reservations_allocation, reservations_reservation, audit_auditentry RESTART IDENTITY CASCADE")
-    MaintenanceWindow.objects.all().delete()
-    Limit.objects.all().delete()
-    Gpu.objects.all().delete()
-    Node.objects.all().delete()
 
 
 def ensure_users() -> list[Any]:

@@ -18,7 +18,7 @@ from celery.exceptions import SecurityWarning
 from nodes.agent import AGENT_VERSION, procfs, selfcheck
 from nodes.agent.config import ConfigError, load_config
 from nodes.agent.enforcer import Enforcer
-from nodes.agent.gpus import BackendUnavailable, open_backend
+from nodes.agent.gpus import BackendUnavailable, open_configured_backend
 from nodes.agent.reporter import Reporter
 from nodes.agent.store import SnapshotStore
 from nodes.agent.worker import make_app
@@ -45,12 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        backend = open_backend(
-            config.backend,
-            device_dir=config.device_dir,
-            node_name=config.node_name,
-            simulated_gpus=config.simulated_gpus,
-        )
+        backend = open_configured_backend(config)
     except BackendUnavailable as error:
         print(f"gpubook-agent: {error}", file=sys.stderr)
         return 2

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from nodes.agent import AGENT_VERSION, acl, procfs
 from nodes.agent.config import DEFAULT_CONFIG_FILE, ENV_PREFIX, AgentConfig, ConfigError, load_config
-from nodes.agent.gpus import BackendUnavailable, GpuBackend, open_backend
+from nodes.agent.gpus import BackendUnavailable, GpuBackend, open_configured_backend
 from nodes.agent.usernames import valid_username
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
@@ -169,12 +169,7 @@ def check_root(euid: int) -> Check:
 
 def check_backend(config: AgentConfig) -> tuple[Check, GpuBackend | None]:
     try:
-        backend = open_backend(
-            config.backend,
-            device_dir=config.device_dir,
-            node_name=config.node_name,
-            simulated_gpus=config.simulated_gpus,
-        )
+        backend = open_configured_backend(config)
     except ImportError as error:  # the nvml backend imports pynvml when it opens
         return Check(
             "gpus",

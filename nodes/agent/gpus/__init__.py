@@ -89,6 +89,13 @@ class GpuBackend(Protocol):
     def close(self) -> None: ...
 
 
+def open_configured_backend(config: Any) -> GpuBackend:
+    """The backend an AgentConfig names (nodes/agent/config.py), opened."""
+    return open_backend(
+        config.backend, device_dir=config.device_dir, node_name=config.node_name, simulated_gpus=config.simulated_gpus
+    )
+
+
 def open_backend(kind: str, *, device_dir: str, node_name: str, simulated_gpus: int = 4) -> GpuBackend:
     """Open the backend the agent's config names; BackendUnavailable when it cannot run here."""
     if kind == "nvml":
