@@ -1,8 +1,8 @@
 """The usage report: who booked how much GPU time over a period, and how much of it they used.
 
 For each row (a person, a group, a node or a GPU):
-- booked GPU-hours: the approved allocations' time inside the period (a released booking counts
-  until its release);
+- booked GPU-hours: the approved allocations' time inside the period, up to now (a released
+  booking counts until its release);
 - used GPU-hours: the booked minutes whose mean utilisation reached USAGE_USED_THRESHOLD_PCT
   (accounting.UsageHour, rolled up from the agents' telemetry);
 - efficiency: used / booked;
@@ -113,8 +113,11 @@ def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: d
             rows[key] = ReportRow(key=key, label="")
         return rows[key]
 
+    # Booked time counts until now: hours still to come could not have been used yet, and would
+    # lower every efficiency (the demand view shows what is booked ahead).
+    until = max(start, min(end, now))
     allocations = Allocation.objects.filter(
-        active=True, reservation__status=Status.APPROVED, start__lt=end, end__gt=start
+        active=True, reservation__status=Status.APPROVED, start__lt=until, end__gt=start
     )
     # Usage rows are hourly: an hour counts when it begins inside the period.
     usage = UsageHour.objects.filter(hour__gte=start, hour__lt=end, reservation__isnull=False)
@@ -123,7 +126,7 @@ def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: d
         usage = usage.filter(user=viewer)
 
     overlap = ExpressionWrapper(
-        Least(F("end"), Value(end)) - Greatest(F("start"), Value(start)), output_field=DurationField()
+        Least(F("end"), Value(until)) - Greatest(F("start"), Value(start)), output_field=DurationField()
     )
     released = Q(reservation__released_at__gte=start, reservation__released_at__lt=end)
     for item in (

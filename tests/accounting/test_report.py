@@ -131,3 +131,14 @@ def test_demand_by_hour_of_week_in_the_readers_zone(day, carol):
     assert sum(sum(day) for day in utc) == 10.0
     berlin = demand_by_hour_of_week(start=DAY_START, end=DAY_END, viewer=carol, zone="Europe/Berlin")
     assert berlin[0][11] == 3.0  # 10:00 UTC is 11:00 in Berlin in January
+
+
+def test_booked_time_counts_only_until_now(day, clock, carol, alice, gpus):
+    # Tomorrow's booking is in the period but has not happened: it is demand, not usage.
+    reservation_create(user=alice, gpus=[gpus[0]], start=at(20), end=at(22))
+    rows = by_label(usage_report(start=DAY_START, end=DAY_END + timedelta(days=1), by="user", viewer=carol))
+    assert rows["alice"]["booked_gpu_hours"] == 5.0
+    assert rows["alice"]["bookings"] == 2
+    clock.move_to(at(21))  # half-way through it
+    rows = by_label(usage_report(start=DAY_START, end=DAY_END + timedelta(days=1), by="user", viewer=carol))
+    assert (rows["alice"]["booked_gpu_hours"], rows["alice"]["bookings"]) == (6.0, 3)
