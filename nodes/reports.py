@@ -17,6 +17,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from alerts.services import alerts_evaluate_readings, alerts_from_events, alerts_gpu_returned, alerts_node_online
 from audit.services import audit_record
 from live import broadcast
 from nodes.history import history_record
@@ -54,13 +55,17 @@ def agent_heartbeat_record(*, node: Node, data: dict[str, Any], now: datetime) -
             "clock_skew_seconds": (data["sent_at"] - now).total_seconds(),
         },
     )
-    if previous is None or not node_online(previous, now) or previous.drained != drained:
-        broadcast_node_status([node.pk])  # back online (telemetry broadcasts the rest)
-    if previous is not None and previous.offline_since is not None:
-        from alerts.services import alerts_node_online
-
-        alerts_node_online(node=node, now=now)
+    if _came_back(node, previous, now) or previous.drained != drained:
+        broadcast_node_status([node.pk])  # telemetry broadcasts the rest
     return state, ignored
+
+
+def _came_back(node: Node, previous: AgentState | None, now: datetime) -> bool:
+    """After a report is stored: whether the node was silent before it (or never reported), so
+    that every card changes. Its offline alert, if beat opened one, resolves."""
+    if previous is not None and previous.offline_since is not None:
+        alerts_node_online(node=node, now=now)
+    return not node_online(previous, now)
 
 
 def agent_events_record(*, node: Node, events: Iterable[dict[str, Any]]) -> tuple[int, list[str]]:
@@ -92,8 +97,6 @@ def agent_events_record(*, node: Node, events: Iterable[dict[str, Any]]) -> tupl
         NodeEvent.objects.bulk_create(rows)
         for gpu, reason in to_drain:
             gpu_drain(gpu=gpu, reason=reason)
-        from alerts.services import alerts_from_events
-
         alerts_from_events(node=node, events=rows, now=timezone.now())
         if rows:
             payload = {"type": "events", "node": node.name, "events": [event_data(row) for row in rows]}
@@ -116,8 +119,6 @@ def event_data(event: NodeEvent) -> dict[str, Any]:
 
 def telemetry_record(*, node: Node, samples: Iterable[dict[str, Any]], now: datetime) -> tuple[int, list[str]]:
     """Upsert the latest reading of each of the node's GPUs in one statement; alerts look at it."""
-    from alerts.services import alerts_evaluate_readings, alerts_node_online  # alerts builds on nodes
-
     known = _gpus_by_uuid(node)
     rows, ignored = [], []
     for sample in samples:
@@ -132,12 +133,10 @@ def telemetry_record(*, node: Node, samples: Iterable[dict[str, Any]], now: date
             rows, update_conflicts=True, unique_fields=["gpu"], update_fields=["at", *TELEMETRY_FIELDS]
         )
         AgentState.objects.filter(node=node).update(last_seen=now, offline_since=None)
-        if node_online(previous, now):
-            broadcast_telemetry(node=node, readings=rows, now=now)
+        if _came_back(node, previous, now):
+            broadcast_node_status([node.pk])
         else:
-            broadcast_node_status([node.pk])  # back online: every card changes
-        if previous is not None and previous.offline_since is not None:
-            alerts_node_online(node=node, now=now)
+            broadcast_telemetry(node=node, readings=rows, now=now)
     usage_record(rows)
     alerts_evaluate_readings(node=node, readings=rows, now=now)
     history_record((row.gpu_id, now, row.utilization_pct) for row in rows)
@@ -158,8 +157,6 @@ def gpu_return_to_service(*, gpu: Gpu, actor: Any) -> bool:
     before = {"drained_at": gpu.drained_at.isoformat() if gpu.drained_at else None, "reason": gpu.drain_reason}
     updated = Gpu.objects.filter(pk=gpu.pk, drained_at__isnull=False).update(drained_at=None, drain_reason="")
     if updated:
-        from alerts.services import alerts_gpu_returned
-
         audit_record(actor=actor, action="gpu.undrain", target=gpu, before=before)
         broadcast_node_status([gpu.node_id])
         alerts_gpu_returned(gpu=gpu, actor=actor)

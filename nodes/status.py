@@ -22,6 +22,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from alerts.services import alerts_nodes_offline
 from live import broadcast
 from nodes import selectors
 from nodes.history import history_of
@@ -253,8 +254,6 @@ def refresh_status(now: datetime | None = None) -> list[int]:
     silent = AgentState.objects.filter(last_seen__lt=cutoff, offline_since__isnull=True)
     offline = list(silent.values_list("node_id", flat=True))
     if offline:
-        from alerts.services import alerts_nodes_offline  # alerts builds on nodes
-
         silent.filter(node_id__in=offline).update(offline_since=now)
         alerts_nodes_offline(node_ids=offline, now=now)
 
