@@ -140,5 +140,5 @@ class DemandView(APIView):
     )
     def get(self, request: Request) -> Response:
         data = _params(DemandParams, request)
-        zone = data.get("zone") or getattr(request.user, "timezone", "") or "UTC"
+        zone = data.get("zone") or request.user.zone.key
         return Response(demand_payload(start=data["start"], end=data["end"], zone=zone, viewer=request.user))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from zoneinfo import ZoneInfo
 
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -14,9 +13,8 @@ class UserTimezoneMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        zone = getattr(request.user, "timezone", None) if request.user.is_authenticated else None
-        if zone:
-            timezone.activate(ZoneInfo(zone))
+        if request.user.is_authenticated and request.user.timezone:
+            timezone.activate(request.user.zone)
         else:
             timezone.deactivate()
         try:

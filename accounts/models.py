@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
 from django.contrib.auth.models import AbstractUser
 from django.db import models
 
@@ -29,6 +31,15 @@ class User(AbstractUser):
 
     class Meta(AbstractUser.Meta):
         swappable = "AUTH_USER_MODEL"
+
+    @property
+    def zone(self) -> ZoneInfo:
+        """The zone pages, mails and feeds show this user's times in: UTC when the stored name is
+        not (or no longer) a known zone."""
+        try:
+            return ZoneInfo(self.timezone or "UTC")
+        except (ZoneInfoNotFoundError, ValueError):
+            return ZoneInfo("UTC")
 
     @property
     def is_booking_admin(self) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from django.utils import dateformat
 from icalendar import Calendar, Event, vDuration
@@ -49,13 +49,6 @@ class FeedContext:
     calendar_url: str  # the calendar page
 
 
-def zone_of(user: Any) -> ZoneInfo:
-    try:
-        return ZoneInfo(getattr(user, "timezone", "") or "UTC")
-    except (ZoneInfoNotFoundError, ValueError):
-        return ZoneInfo("UTC")
-
-
 def gpu_list(booking: FeedBooking) -> str:
     """'GPU 0, 1'."""
     return "GPU " + ", ".join(str(index) for index, *_ in booking.gpus)
@@ -83,7 +76,7 @@ def _local(moment: datetime, zone: ZoneInfo) -> str:
 def owner_description(booking: FeedBooking, context: FeedContext) -> str:
     """What "My reservations" tells the holder: how to use the GPUs, and the times in their zone."""
     user = context.subscriber
-    zone = zone_of(user)
+    zone = user.zone
     state = {
         Status.APPROVED: "approved",
         Status.PENDING: "pending approval: the GPUs are yours only once an admin approves it",
@@ -153,7 +146,7 @@ def build_calendar(bookings: Sequence[FeedBooking], context: FeedContext) -> byt
         "x-wr-caldesc",
         f"{user.get_username()}'s GPU bookings" if context.node is None else f"Every booking on node {context.node}",
     )
-    calendar.add("x-wr-timezone", zone_of(user).key)
+    calendar.add("x-wr-timezone", user.zone.key)
     calendar.add("refresh-interval", REFRESH, parameters={"VALUE": "DURATION"})
     calendar.add("x-published-ttl", vDuration(REFRESH))
     for booking in bookings:

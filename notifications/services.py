@@ -62,16 +62,13 @@ def send_once(*, kind: str, reservation: Reservation, user: Any, moment: datetim
     if not unsent.update(sent_at=now):
         return False  # someone else has it
     try:
-        with timezone.override(_zone(user)):
+        # No zone of their own: the site's, as on the pages (accounts/middleware.py).
+        with timezone.override(user.zone if user.timezone else None):
             send_templated(to=[user.email], template=kind, context=_booking_context(reservation, user) | context)
     except Exception:
         Notification.objects.filter(pk=note.pk).update(sent_at=None)  # give the claim back for a retry
         raise
     return True
-
-
-def _zone(user: Any) -> str:
-    return getattr(user, "timezone", "") or settings.TIME_ZONE
 
 
 def _booking_context(reservation: Reservation, user: Any) -> dict[str, Any]:

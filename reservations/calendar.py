@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -63,7 +63,7 @@ _SPACED_OFFSET = re.compile(r" (\d{2}:\d{2})$")
 @login_required
 def calendar_page(request: HttpRequest) -> HttpResponse:
     user: Any = request.user
-    zone_name = _zone_name(user)
+    zone_name = user.zone.key
     config = {
         "urls": {
             "calendar": reverse("api:calendar"),
@@ -86,15 +86,6 @@ def calendar_page(request: HttpRequest) -> HttpResponse:
         "reservations/calendar.html",
         {"nav": "calendar", "config": config, "zone_name": zone_name, "zone_offset": config["time_zone"]["offset"]},
     )
-
-
-def _zone_name(user: Any) -> str:
-    name = getattr(user, "timezone", "") or "UTC"
-    try:
-        ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        return "UTC"
-    return name
 
 
 def utc_offset(zone_name: str, moment: datetime) -> str:
