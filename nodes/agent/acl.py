@@ -20,6 +20,7 @@ import struct
 import subprocess
 from collections.abc import Sequence
 
+from nodes.agent import procfs
 from nodes.agent.usernames import valid_username
 
 TIMEOUT = 10.0  # seconds; setfacl on a device file is instant, a hang means something is badly wrong
@@ -71,13 +72,18 @@ def granted_users(path: str) -> set[str]:
     (include/uapi/linux/posix_acl_xattr.h): a 4-byte version (2), then 8-byte entries
     ``tag:u16, perm:u16, id:u32``, little-endian; named users have tag ACL_USER (0x02).
     """
+    return {procfs.user_label(uid) for uid in user_ids(path)}
+
+
+def user_ids(path: str) -> list[int]:
+    """The uids of the named-user entries on ``path`` (none when it has no extended ACL)."""
     try:
         raw = os.getxattr(path, ACCESS_XATTR, follow_symlinks=False)
     except OSError as error:
         if error.errno == errno.ENODATA:  # no extended ACL: nobody is named
-            return set()
+            return []
         raise AclError(f"cannot read the ACL of {path}: {error.strerror}") from error
-    return {_user_name(uid) for uid in parse_xattr_user_ids(raw)}
+    return parse_xattr_user_ids(raw)
 
 
 def parse_xattr_user_ids(raw: bytes) -> list[int]:
@@ -89,13 +95,6 @@ def parse_xattr_user_ids(raw: bytes) -> list[int]:
         raise AclError(f"unexpected ACL attribute version {version}")
     entries = XATTR_ENTRY.iter_unpack(raw[XATTR_HEADER.size :])
     return [uid for tag, _perm, uid in entries if tag == ACL_USER]
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:  # a deleted account: getfacl shows the number too
-        return str(uid)
 
 
 def acls_supported(path: str) -> bool:
@@ -116,26 +115,26 @@ def _check_user(user: object, *, deleted_ok: bool) -> None:
 
 
 def _setfacl(args: list[str], *, path: str, user: str, action: str) -> None:
-    setfacl = _tool("setfacl")
+    setfacl = tool("setfacl")
     # -P: never follow a symlink, so a link planted in a writable device directory cannot turn
     # a grant into an ACL on some other file.
-    result = _run([setfacl, "-P", *args])
+    result = run([setfacl, "-P", *args])
     if result.returncode == 0:
         return
-    message = _message(result)
+    message = failure_message(result)
     if not user.isdigit() and _unknown(user):
         message = f"there is no user {user!r} on this node ({message})"
     raise AclError(f"cannot {action} {path} for {user!r}: {message}")
 
 
-def _tool(name: str) -> str:
+def tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
         raise AclError(f"{name} is not installed: install the 'acl' package on this node")
     return found
 
 
-def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+def run(command: list[str]) -> subprocess.CompletedProcess[str]:
     """Run a tool with messages in English (they are parsed by people and by ``_unknown``)."""
     try:
         return subprocess.run(  # noqa: S603 - an argument list of checked values, no shell
@@ -152,7 +151,7 @@ def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
         raise AclError(f"cannot run {command[0]}: {error}") from error
 
 
-def _message(result: subprocess.CompletedProcess[str]) -> str:
+def failure_message(result: subprocess.CompletedProcess[str]) -> str:
     return result.stderr.strip() or f"exit status {result.returncode}"
 
 

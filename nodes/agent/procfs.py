@@ -119,6 +119,11 @@ def user_name(uid: int) -> str | None:
         return None
 
 
+def user_label(uid: int) -> str:
+    """The account's name, or the uid in digits when no account has it (a deleted one: getfacl shows that too)."""
+    return user_name(uid) or str(uid)
+
+
 def uid_of(user: str) -> int | None:
     try:
         return pwd.getpwnam(user).pw_uid

@@ -12,22 +12,19 @@ and connects to the broker without touching any queue.
 from __future__ import annotations
 
 import email.utils
-import errno
 import grp
 import json
 import os
 import pwd
 import re
-import shutil
 import socket
 import ssl
 import stat
-import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -63,7 +60,7 @@ class Check:
     status: str  # OK, WARN or FAIL
     message: str
     fix: str = ""
-    details: tuple[str, ...] = field(default=())
+    details: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -188,8 +185,9 @@ def check_backend(config: AgentConfig) -> tuple[Check, GpuBackend | None]:
             ), None
         return Check("gpus", FAIL, str(error), fix=f"make {config.device_dir} writable, or set DEVICE_DIR"), None
     gpus = backend.gpus()
+    paths = {gpu.uuid: backend.device_path(gpu.uuid) for gpu in gpus}
     details = tuple(
-        f"{gpu.uuid}  minor {gpu.minor} -> {backend.device_path(gpu.uuid)}  ({gpu.name}"
+        f"{gpu.uuid}  minor {gpu.minor} -> {paths[gpu.uuid]}  ({gpu.name}"
         + (f", {gpu.memory_total_mib} MiB)" if gpu.memory_total_mib is not None else ")")
         for gpu in gpus
     )
@@ -200,9 +198,9 @@ def check_backend(config: AgentConfig) -> tuple[Check, GpuBackend | None]:
             "NVML started but lists no GPU this agent can identify (UUID and minor number)",
             fix="check nvidia-smi -L and the kernel log (dmesg | grep -i nvrm)",
         ), backend
-    missing = [backend.device_path(gpu.uuid) for gpu in gpus if not os.path.exists(backend.device_path(gpu.uuid))]
+    missing = [paths[gpu.uuid] for gpu in gpus if not os.path.exists(paths[gpu.uuid])]
     if missing:
-        minors = " ".join(str(gpu.minor) for gpu in gpus if backend.device_path(gpu.uuid) in missing)
+        minors = " ".join(str(gpu.minor) for gpu in gpus if paths[gpu.uuid] in missing)
         return Check(
             "gpus",
             FAIL,
@@ -240,7 +238,7 @@ def check_device_files(paths: list[str], *, simulated: bool) -> Check:
     details = []
     for path in paths:
         info = os.stat(path)
-        mode, owner, group = stat.S_IMODE(info.st_mode), _user(info.st_uid), _group(info.st_gid)
+        mode, owner, group = stat.S_IMODE(info.st_mode), procfs.user_label(info.st_uid), _group(info.st_gid)
         details.append(f"{stat.filemode(info.st_mode)} {owner} {group} {path}")
         if mode & 0o006:
             open_to_all.append(f"{path} ({mode:04o})")
@@ -282,7 +280,7 @@ def check_control_files(device_dir: str) -> Check:
         except FileNotFoundError:
             problems.append(f"{path} is missing")
             continue
-        details.append(f"{stat.filemode(info.st_mode)} {_user(info.st_uid)} {_group(info.st_gid)} {path}")
+        details.append(f"{stat.filemode(info.st_mode)} {procfs.user_label(info.st_uid)} {_group(info.st_gid)} {path}")
         if stat.S_IMODE(info.st_mode) & 0o006 != 0o006:
             problems.append(f"{path} is not open to everyone")
     if problems:
@@ -298,8 +296,9 @@ def check_control_files(device_dir: str) -> Check:
 
 
 def check_acls(device_dir: str) -> Check:
-    setfacl = shutil.which("setfacl")
-    if setfacl is None:
+    try:
+        setfacl = acl.tool("setfacl")
+    except acl.AclError:
         return Check("acls", FAIL, "setfacl is missing: the agent gives GPUs with it", fix="apt-get install acl")
     if not os.path.isdir(device_dir):
         return Check("acls", FAIL, f"DEVICE_DIR {device_dir} does not exist", fix="correct DEVICE_DIR in the config")
@@ -315,9 +314,9 @@ def check_acls(device_dir: str) -> Check:
     os.close(fd)
     entry = f"u:{NOBODY_UID}"
     try:
-        result = _run([setfacl, "-P", "-m", f"{entry}:r", "--", path])
+        result = acl.run([setfacl, "-P", "-m", f"{entry}:r", "--", path])
         if result.returncode != 0:
-            reason = result.stderr.strip() or f"exit status {result.returncode}"
+            reason = acl.failure_message(result)
             if "not supported" in reason.lower():
                 return Check(
                     "acls",
@@ -327,12 +326,14 @@ def check_acls(device_dir: str) -> Check:
                     f"see `findmnt -T {device_dir}`",
                 )
             return Check("acls", FAIL, f"setfacl could not set a test entry in {device_dir}: {reason}")
-        if NOBODY_UID not in _acl_uids(path):
+        if NOBODY_UID not in acl.user_ids(path):
             return Check("acls", FAIL, f"setfacl succeeded but no ACL entry is kept in {device_dir}")
-        result = _run([setfacl, "-P", "-x", entry, "--", path])
-        if result.returncode != 0 or NOBODY_UID in _acl_uids(path):
+        result = acl.run([setfacl, "-P", "-x", entry, "--", path])
+        if result.returncode != 0 or NOBODY_UID in acl.user_ids(path):
             reason = result.stderr.strip() or "the entry stayed"
             return Check("acls", FAIL, f"setfacl could not remove a test entry in {device_dir}: {reason}")
+    except acl.AclError as error:  # setfacl hung or could not start, or the ACL could not be read
+        return Check("acls", FAIL, f"could not try an ACL in {device_dir}: {error}")
     finally:
         Path(path).unlink(missing_ok=True)
     return Check("acls", OK, f"POSIX ACLs work in {device_dir} (one set and removed on a test file)")
@@ -377,7 +378,7 @@ def heartbeat_body(config: AgentConfig, backend: GpuBackend | None) -> dict[str,
     for gpu in backend.gpus() if backend else []:
         try:
             users = acl.granted_users(backend.device_path(gpu.uuid))  # type: ignore[union-attr]
-        except (acl.AclError, OSError):
+        except acl.AclError:
             continue
         acls[gpu.uuid] = sorted(user for user in users if valid_username(user))  # as the portal accepts them
     return {
@@ -573,25 +574,6 @@ def _parse_date(value: str | None) -> datetime | None:
         return email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-
-
-def _acl_uids(path: str) -> list[int]:
-    try:
-        return acl.parse_xattr_user_ids(os.getxattr(path, acl.ACCESS_XATTR, follow_symlinks=False))
-    except OSError as error:
-        if error.errno == errno.ENODATA:
-            return []
-        raise
-
-
-def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # noqa: S603 - a fixed argument list, no shell
-        command, capture_output=True, text=True, timeout=acl.TIMEOUT, check=False, env={**os.environ, "LC_ALL": "C"}
-    )
-
-
-def _user(uid: int) -> str:
-    return procfs.user_name(uid) or str(uid)
 
 
 def _group(gid: int) -> str:
