@@ -31,6 +31,7 @@ from nodes.models import Gpu, cuda_visible_devices
 from nodes.usage import usage_during
 from notifications.mail import send_templated
 from notifications.models import Kind, MailPreferences, Notification
+from reservations import selectors
 from reservations.models import Allocation, Reservation
 from reservations.timegrid import format_moment, format_period, grid
 
@@ -182,11 +183,8 @@ def _send_safely(kind: str, reservation: Reservation, moment: datetime, context:
 
 def next_slot_free(reservation: Reservation) -> bool:
     """Whether the booking's GPUs are free for at least one grid step after its end."""
-    gpu_ids = Allocation.objects.filter(reservation=reservation).values_list("gpu_id", flat=True)
-    return not (
-        Allocation.objects.filter(
-            gpu_id__in=gpu_ids, active=True, start__lt=reservation.end + grid(), end__gt=reservation.end
-        )
-        .exclude(reservation=reservation)
-        .exists()
+    gpus = list(Gpu.objects.filter(allocations__reservation=reservation))
+    after = selectors.allocations_overlapping(
+        gpus=gpus, start=reservation.end, end=reservation.end + grid(), exclude_reservation_id=reservation.pk
     )
+    return not after.exists()
