@@ -92,13 +92,19 @@ def read_config_file(path: str | Path) -> dict[str, str]:
     return values
 
 
+def config_file(path: str | Path | None, environ: Mapping[str, str]) -> str | Path | None:
+    """The config file to read: the one named (argument, else the environment), else the default one
+    if it exists. A file named on purpose must exist; the default one may not."""
+    named = path or environ.get(ENV_PREFIX + "AGENT_CONFIG")
+    return named or (DEFAULT_CONFIG_FILE if Path(DEFAULT_CONFIG_FILE).exists() else None)
+
+
 def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> AgentConfig:
     """The file (when given, or the default file when it exists), then the environment on top."""
     environ = os.environ if environ is None else environ
     values: dict[str, str] = {}
-    named = path or environ.get(ENV_PREFIX + "AGENT_CONFIG")
-    file = named or DEFAULT_CONFIG_FILE
-    if named or Path(file).exists():  # a file named on purpose must exist; the default one may not
+    file = config_file(path, environ)
+    if file:
         values.update(read_config_file(file))
     for key, value in environ.items():
         if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :] in _KNOWN:

@@ -50,14 +50,19 @@ class PortalClient:
         self.timeout = timeout
         self.context = ssl.create_default_context(cafile=config.ca_file or None)
 
-    def post(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+    def request(self, endpoint: str, body: dict[str, Any]) -> urllib.request.Request:
+        """The POST of ``body`` to ``endpoint`` with the node's token, for ``urlopen`` with this client's
+        timeout and context."""
         # The scheme is checked when the config loads (http or https only).
-        request = urllib.request.Request(  # noqa: S310
+        return urllib.request.Request(  # noqa: S310
             self.base + endpoint + "/",
             data=json.dumps(body).encode(),
             method="POST",
             headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
         )
+
+    def post(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = self.request(endpoint, body)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout, context=self.context) as response:  # noqa: S310
                 return json.loads(response.read() or b"{}")

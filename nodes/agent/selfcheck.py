@@ -31,8 +31,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from nodes.agent import AGENT_VERSION, acl, procfs
-from nodes.agent.config import DEFAULT_CONFIG_FILE, ENV_PREFIX, AgentConfig, ConfigError, load_config
+from nodes.agent.config import AgentConfig, ConfigError, config_file, load_config
 from nodes.agent.gpus import BackendUnavailable, GpuBackend, open_configured_backend
+from nodes.agent.reporter import PortalClient
+from nodes.agent.store import SnapshotStore
 from nodes.agent.usernames import valid_username
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
@@ -130,8 +132,7 @@ def run_checks(config_path: str | None, environ: dict[str, str] | None = None) -
 
 
 def check_config(config_path: str | None, environ: dict[str, str]) -> tuple[Check, AgentConfig | None]:
-    named = config_path or environ.get(ENV_PREFIX + "AGENT_CONFIG")
-    path = named or (DEFAULT_CONFIG_FILE if Path(DEFAULT_CONFIG_FILE).exists() else None)
+    path = config_file(config_path, environ)
     source = path or "the environment (no config file)"
     try:
         config = load_config(config_path, environ)
@@ -369,10 +370,10 @@ def check_state_dir(state_dir: str) -> Check:
 
 def heartbeat_body(config: AgentConfig, backend: GpuBackend | None) -> dict[str, Any]:
     """A true heartbeat from what is on disk: a running agent's next one will say the same."""
+    stored = SnapshotStore(config.state_dir).load()
     try:
-        stored = json.loads((Path(config.state_dir) / "snapshot.json").read_text())
-        version = int(stored["version"]) if isinstance(stored, dict) else 0
-    except (OSError, ValueError, KeyError, TypeError):
+        version = int(stored["version"]) if stored is not None else 0
+    except (ValueError, KeyError, TypeError):
         version = 0
     acls: dict[str, list[str]] = {}
     for gpu in backend.gpus() if backend else []:
@@ -393,21 +394,16 @@ def heartbeat_body(config: AgentConfig, backend: GpuBackend | None) -> dict[str,
 
 
 def check_portal(config: AgentConfig, body: dict[str, Any]) -> tuple[Check, PortalAnswer | None]:
-    url = config.portal_url.rstrip("/") + "/api/v1/agent/heartbeat/"
     where = _address(config.portal_url)
     try:
-        context = ssl.create_default_context(cafile=config.ca_file or None)
+        client = PortalClient(config, timeout=TIMEOUT)
     except (OSError, ssl.SSLError) as error:
         return Check("portal", FAIL, f"CA_FILE {config.ca_file} cannot be used: {error}", fix="correct CA_FILE"), None
-    request = urllib.request.Request(  # noqa: S310 - the scheme was checked when the config loaded
-        url,
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Authorization": f"Bearer {config.agent_token}", "Content-Type": "application/json"},
-    )
+    request = client.request("heartbeat", body)
+    url = request.full_url
     sent = time.time()
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT, context=context) as response:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=client.timeout, context=client.context) as response:  # noqa: S310
             raw, headers = response.read(), response.headers
     except urllib.error.HTTPError as error:
         return _http_failure(error, url), None
