@@ -14,13 +14,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Count, F, Max, Min, OuterRef, Q, Subquery, Sum
+from django.db import transaction
+from django.db.models import Count, Max, Min, OuterRef, Subquery, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from accounting.models import UsageHour
+from alerts.services import advisory_xact_lock
 from nodes.models import GpuMinute
+from nodes.usage import busy_minutes
 from reservations.models import Allocation, Reservation
 
 RECENT = timedelta(hours=2)
@@ -51,7 +53,7 @@ def rollup(*, since: datetime, until: datetime) -> int:
         end__gt=OuterRef("minute"),
     ).order_by("start")
     threshold = settings.USAGE_USED_THRESHOLD_PCT
-    used = Q(utilization_samples__gt=0, utilization_sum__gte=F("utilization_samples") * threshold)
+    used = busy_minutes(threshold)
     hours = (
         GpuMinute.objects.filter(minute__gte=first, minute__lt=until)
         .annotate(
@@ -84,10 +86,7 @@ def rollup(*, since: datetime, until: datetime) -> int:
         for row in hours
     ]
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            # Two runs at once would each delete, then both insert: one at a time.
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+        advisory_xact_lock(_LOCK_ID)  # two runs at once would each delete, then both insert: one at a time
         UsageHour.objects.filter(hour__gte=first).delete()
         UsageHour.objects.bulk_create(rows, batch_size=2000)
     return len(rows)

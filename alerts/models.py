@@ -88,9 +88,9 @@ class AlertStreak(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
     username = models.CharField(max_length=32, blank=True)
+    # Counted up to BAD_READINGS_TO_OPEN (the alert opens there); later bad readings move only the
+    # alert's last_bad_at.
     count = models.PositiveIntegerField(default=0, help_text="Bad readings in a row.")
-    first_bad_at = models.DateTimeField()
-    last_bad_at = models.DateTimeField()
     readings = models.JSONField(default=list, blank=True, help_text="The first bad readings.")
 
     class Meta:

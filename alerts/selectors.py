@@ -14,6 +14,11 @@ def open_alerts() -> QuerySet[Alert]:
     return Alert.objects.filter(resolved_at__isnull=True).select_related("node", "gpu").order_by("-opened_at", "-pk")
 
 
+def open_alerts_data(limit: int = 200) -> list[dict[str, Any]]:
+    """The newest ``limit`` open alerts as the status page and its "alerts" topic show them."""
+    return [alert_data(alert) for alert in open_alerts()[:limit]]
+
+
 def _iso(moment: Any) -> str | None:
     return moment.isoformat() if moment is not None else None
 

@@ -35,7 +35,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from alerts.models import Alert, AlertStreak
@@ -43,6 +43,7 @@ from alerts.selectors import alert_data
 from audit.services import audit_record
 from live import broadcast
 from nodes.models import AgentState, Gpu, GpuMinute, GpuTelemetry, Node, NodeEvent
+from nodes.usage import busy_minutes
 from notifications.mail import send_templated
 from reservations.models import Allocation, Reservation
 
@@ -87,6 +88,8 @@ def alert_open(
     """Open an alert for ``subject`` unless one is open (then only its last bad moment moves).
     Returns the new alert, or None. The partial unique constraint decides, so two evaluations at
     once open it once."""
+    if subject.open_alerts().update(last_bad_at=now):
+        return None
     user = get_user_model().objects.filter(unix_username=subject.username).first() if subject.username else None
     try:
         with transaction.atomic():
@@ -199,23 +202,23 @@ def alerts_evaluate_readings(*, node: Node, readings: Sequence[GpuTelemetry], no
     streaks = {(s.kind, s.gpu_id, s.username): s for s in AlertStreak.objects.filter(node=node)}
     new: list[AlertStreak] = []
     bumped: list[AlertStreak] = []
+    ongoing: list[AlertStreak] = []
     cleared: list[AlertStreak] = []
     to_open: list[AlertStreak] = []
     for reading in readings:
         for kind, bad in ((Kind.TEMPERATURE, _too_hot(reading)), (Kind.ECC, _ecc(reading))):
             streak = streaks.get((kind, reading.gpu_id, ""))
             if bad:
-                sample = _sample(reading, kind)
+                if streak is not None and streak.count >= BAD_READINGS_TO_OPEN:
+                    ongoing.append(streak)  # its alert is open: only the alert's last bad moment moves
+                    continue
                 if streak is None:
-                    streak = AlertStreak(
-                        kind=kind, node=node, gpu_id=reading.gpu_id, count=0, first_bad_at=now, readings=[]
-                    )
+                    streak = AlertStreak(kind=kind, node=node, gpu_id=reading.gpu_id, count=0, readings=[])
                     new.append(streak)
                 else:
                     bumped.append(streak)
                 streak.count += 1
-                streak.last_bad_at = now
-                streak.readings = [*streak.readings[: BAD_READINGS_TO_OPEN - 1], sample]
+                streak.readings = [*streak.readings[: BAD_READINGS_TO_OPEN - 1], _sample(reading, kind)]
                 if streak.count == BAD_READINGS_TO_OPEN:
                     to_open.append(streak)
             elif bad is False and streak is not None:
@@ -228,19 +231,18 @@ def alerts_evaluate_readings(*, node: Node, readings: Sequence[GpuTelemetry], no
         for streak in streaks.values():
             if streak.kind in PROCESS_KINDS and streak.gpu_id in users and streak.username not in users[streak.gpu_id]:
                 cleared.append(streak)
-    if not (new or bumped or cleared):
+    if not (new or bumped or ongoing or cleared):
         return
     with transaction.atomic():
         if new:
             AlertStreak.objects.bulk_create(new, ignore_conflicts=True)
         if bumped:
-            AlertStreak.objects.bulk_update(bumped, ["count", "last_bad_at", "readings"])
-            ongoing = [s for s in bumped if s.count > BAD_READINGS_TO_OPEN]
-            if ongoing:
-                subjects = Q()
-                for s in ongoing:
-                    subjects |= Q(kind=s.kind, gpu_id=s.gpu_id)
-                Alert.objects.filter(subjects, node=node, username="", resolved_at__isnull=True).update(last_bad_at=now)
+            AlertStreak.objects.bulk_update(bumped, ["count", "readings"])
+        if ongoing:
+            subjects = Q()
+            for s in ongoing:
+                subjects |= Q(kind=s.kind, gpu_id=s.gpu_id)
+            Alert.objects.filter(subjects, node=node, username="", resolved_at__isnull=True).update(last_bad_at=now)
         for streak in to_open:
             details = {"readings": streak.readings}
             if streak.kind == Kind.TEMPERATURE:
@@ -273,17 +275,14 @@ def alerts_from_events(*, node: Node, events: Iterable[NodeEvent], now: datetime
                     kind=kind,
                     gpu_id=event.gpu_id,
                     username=subject_user,
-                    defaults={"node": node, "count": 0, "first_bad_at": now, "last_bad_at": now},
+                    defaults={"node": node, "count": 0},
                 )
         elif event.kind == NodeEvent.Kind.UNKILLABLE:
             alert_open(subject=Subject(Kind.UNKILLABLE, node.pk, event.gpu_id), now=now, details=_event_details(event))
         elif event.kind == NodeEvent.Kind.ENDED:
-            _stop_watching(Subject(Kind.LEFTOVER, node.pk, event.gpu_id, subject_user))
-            alerts_resolve(
-                Subject(Kind.LEFTOVER, node.pk, event.gpu_id, subject_user).open_alerts(),
-                now=now,
-                resolution="the leftover processes were ended",
-            )
+            leftover = Subject(Kind.LEFTOVER, node.pk, event.gpu_id, subject_user)
+            _stop_watching(leftover)
+            alerts_resolve(leftover.open_alerts(), now=now, resolution="the leftover processes were ended")
         elif event.kind == NodeEvent.Kind.DRAIN_CLEARED:
             alerts_resolve(
                 Subject(Kind.UNKILLABLE, node.pk, event.gpu_id).open_alerts(), now=now, resolution="the GPU was emptied"
@@ -294,7 +293,7 @@ def _event_details(event: NodeEvent) -> dict[str, Any]:
     return {
         "event": {
             "kind": event.kind,
-            "at": event.at.isoformat() if hasattr(event.at, "isoformat") else str(event.at),
+            "at": event.at.isoformat(),
             "user": event.user,
             "reservation": event.reservation_id,
             "message": event.message,
@@ -368,7 +367,7 @@ def alerts_check_idle(*, now: datetime) -> IdleRun:
         .values("gpu_id")
         .annotate(
             minutes=Count("pk"),
-            busy=Count("pk", filter=Q(utilization_sum__gte=F("utilization_samples") * pct)),
+            busy=Count("pk", filter=busy_minutes(pct)),
             total=Sum("utilization_sum"),
             samples=Sum("utilization_samples"),
         )
@@ -461,6 +460,7 @@ def _idle_context(alerts: list[Alert], now: datetime) -> dict[str, Any]:
         "reservation": reservation,
         "node": alerts[0].node,
         "gpus": [a.gpu for a in alerts],
+        "gpu_list": ", ".join(f"GPU {a.gpu.index}" for a in alerts if a.gpu is not None),
         "minutes": settings.ALERT_IDLE_MINUTES,
         "limit_pct": settings.ALERT_IDLE_UTILIZATION_PCT,
         "end": format_moment(reservation.end),
@@ -560,7 +560,7 @@ def alerts_mail_staff(*, now: datetime) -> int:
 
 def _claim(kind: str, now: datetime) -> list[_Mail]:
     with transaction.atomic():
-        _lock(f"alerts.mail.{kind}")
+        advisory_xact_lock(f"alerts.mail.{kind}")
         used = (
             Alert.objects.filter(kind=kind, notified_at__gt=now - timedelta(hours=1), mail_id__isnull=False)
             .values("mail_id")
@@ -599,12 +599,13 @@ def _claim(kind: str, now: datetime) -> list[_Mail]:
         return mails
 
 
-def _lock(name: str) -> None:
-    """A transaction-scoped lock by name on PostgreSQL; SQLite's writers are serialized already
-    (transaction_mode IMMEDIATE)."""
+def advisory_xact_lock(key: str | int) -> None:
+    """A transaction-scoped lock on PostgreSQL, by name (its CRC-32) or by a number of one's own;
+    SQLite's writers are serialized already (transaction_mode IMMEDIATE). Also accounting.rollup's."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [zlib.crc32(name.encode())])
+            number = zlib.crc32(key.encode()) if isinstance(key, str) else key
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [number])
 
 
 def _staff_context(alerts: list[Alert], now: datetime) -> dict[str, Any]:

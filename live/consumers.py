@@ -59,7 +59,6 @@ ADMIN_TOPICS = {
 # last SNAPSHOT_REUSE_SECONDS instead of each building its own (64 GPUs: ~20 ms apiece). A page
 # may so miss an update of that last second; the next one (5 s at most) repairs it.
 SNAPSHOT_REUSE_SECONDS = 1.0
-ALERTS_SHOWN = 200
 _snapshots: dict[bool, tuple[float, str]] = {}
 
 
@@ -79,10 +78,9 @@ def status_snapshot(admin: bool) -> str:
 @database_sync_to_async
 def alerts_snapshot() -> str:
     """The "alerts" topic's first message: every open alert (admins only)."""
-    from alerts.selectors import alert_data, open_alerts
+    from alerts.selectors import open_alerts_data
 
-    alerts = [alert_data(alert) for alert in open_alerts()[:ALERTS_SHOWN]]
-    return broadcast.encode({"type": "alerts", "full": True, "alerts": alerts})
+    return broadcast.encode({"type": "alerts", "full": True, "alerts": open_alerts_data()})
 
 
 class LiveConsumer(AsyncWebsocketConsumer):
@@ -197,7 +195,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             return "gone"
         if token is not None:
             token.refresh_from_db(fields=["revoked_at", "expires_at"])
-            if token.revoked_at is not None or (token.expires_at and token.expires_at <= timezone.now()):
+            if token.state(timezone.now()) != "active":
                 return "gone"
         elif self._session_ended():
             return "gone"

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Max, Sum
+from django.db.models import Count, F, Max, Q, Sum
 
 from nodes.models import GpuMinute, GpuTelemetry
 
@@ -74,6 +74,12 @@ class Usage:
     @property
     def peak_memory_gb(self) -> float | None:
         return None if self.peak_memory_mib is None else self.peak_memory_mib / 1024
+
+
+def busy_minutes(threshold_pct: float) -> Q:
+    """The minutes (``GpuMinute``) whose mean utilisation reached ``threshold_pct``: a minute with no
+    utilisation sample is never busy."""
+    return Q(utilization_samples__gt=0, utilization_sum__gte=F("utilization_samples") * threshold_pct)
 
 
 def usage_during(gpu_ids: Iterable[int], start: datetime, end: datetime) -> Usage:

@@ -7,10 +7,9 @@ from typing import Any
 
 from django import template
 
-from alerts.selectors import alert_data, open_alerts
+from alerts import selectors
 
 register = template.Library()
-SHOWN = 200
 
 
 @register.simple_tag(takes_context=True)
@@ -18,4 +17,4 @@ def open_alerts_data(context: dict[str, Any]) -> list[dict[str, Any]]:
     user = context["request"].user
     if not getattr(user, "is_booking_admin", False):
         return []
-    return [alert_data(alert) for alert in open_alerts()[:SHOWN]]
+    return selectors.open_alerts_data()
