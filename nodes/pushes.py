@@ -15,9 +15,10 @@ from functools import cache
 import redis
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from nodes.agent.worker import APPLY_SNAPSHOT_TASK
+from nodes.agent.worker import APPLY_SNAPSHOT_TASK, queue_name
 from nodes.leases import node_snapshot
 from nodes.models import Node
 
@@ -63,7 +64,7 @@ def send_snapshot(node: Node) -> int:
     from portal.celery import app
 
     snapshot = node_snapshot(node=node, now=timezone.now())
-    queue = f"node.{node.name}"
+    queue = queue_name(node.name)
     app.send_task(
         APPLY_SNAPSHOT_TASK,
         args=[snapshot],
@@ -75,7 +76,12 @@ def send_snapshot(node: Node) -> int:
     return snapshot["version"]
 
 
+def agent_nodes() -> QuerySet[Node]:
+    """The nodes that have an agent (one was registered: it has a token)."""
+    return Node.objects.exclude(agent_token_hash="")
+
+
 def pushed_nodes() -> list[Node]:
     """Every node that has an agent. Disabled ones too: they take no new bookings but keep their
     existing ones, and a cancellation there must reach the node like anywhere else."""
-    return list(Node.objects.exclude(agent_token_hash="").order_by("name"))
+    return list(agent_nodes().order_by("name"))

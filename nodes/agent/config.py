@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from nodes.agent.worker import queue_name
+
 DEFAULT_CONFIG_FILE = "/etc/gpubook/agent.conf"
 ENV_PREFIX = "GPUBOOK_"
 NODE_NAME_RE = re.compile(r"\A[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
@@ -51,7 +53,7 @@ class AgentConfig:
     @property
     def queue(self) -> str:
         """The Celery queue the portal pushes this node's snapshots to."""
-        return f"node.{self.node_name}"
+        return queue_name(self.node_name)
 
 
 _REQUIRED = ("NODE_NAME", "BROKER_URL", "PORTAL_URL", "AGENT_TOKEN", "LEASE_SECRET")

@@ -15,6 +15,11 @@ from kombu import Queue
 APPLY_SNAPSHOT_TASK = "gpubook.agent.apply_snapshot"
 
 
+def queue_name(node_name: str) -> str:
+    """The Celery queue the portal pushes ``node_name``'s snapshots to, and its agent consumes."""
+    return f"node.{node_name}"
+
+
 def make_app(*, broker_url: str, queue: str, offer: Any) -> Celery:
     """A Celery app whose one task hands each snapshot to ``offer`` (Enforcer.offer)."""
     app = Celery("gpubook-agent", broker=broker_url, set_as_current=False)
