@@ -5,8 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.utils import timezone
 
-from nodes.models import Node
-from nodes.pushes import clear_pending, pushed_nodes, send_snapshot
+from nodes.pushes import agent_nodes, clear_pending, pushed_nodes, send_snapshot
 from nodes.status import refresh_status
 from nodes.usage import usage_prune
 
@@ -16,8 +15,8 @@ def push_node_leases(node_id: int) -> int | None:
     """Send one node its state. The pending mark goes first, so a change committed from now on
     schedules another push instead of being missed."""
     clear_pending(node_id)
-    node = Node.objects.filter(pk=node_id).first()
-    if node is None or not node.agent_token_hash:
+    node = agent_nodes().filter(pk=node_id).first()
+    if node is None:
         return None
     return send_snapshot(node)
 

@@ -36,10 +36,8 @@ from nodes.agent.store import SnapshotStore
 log = logging.getLogger(__name__)
 
 Report = Callable[..., None]  # report(kind, **fields): one event for the portal
-RECENT_REVOCATION = timedelta(hours=24)
-REFUSAL_REPORT_INTERVAL = (
-    60.0  # seconds between two reports of the same refusal  # how long a revoked holder's processes count as leftovers
-)
+RECENT_REVOCATION = timedelta(hours=24)  # how long a revoked holder's processes count as leftovers
+REFUSAL_REPORT_INTERVAL = 60.0  # seconds between two reports of the same refusal
 
 
 def utcnow() -> datetime:
