@@ -21,9 +21,10 @@ def user_for_token(key: str) -> tuple[Any, ApiToken]:
     The REST API and the websockets (live/auth.py) both authenticate through here."""
     token = ApiToken.objects.select_related("user").filter(key_hash=hash_token(key)).first()
     now = timezone.now()
-    if token is None or token.revoked_at is not None:
+    state = None if token is None else token.state(now)
+    if token is None or state == "revoked":
         raise exceptions.AuthenticationFailed("Unknown or revoked API token.")
-    if token.expires_at is not None and token.expires_at <= now:
+    if state == "expired":
         raise exceptions.AuthenticationFailed("This API token has expired: create a new one.")
     if not token.user.is_active:
         raise exceptions.AuthenticationFailed("This account is disabled.")

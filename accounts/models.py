@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.contrib.auth.models import AbstractUser
@@ -66,3 +67,11 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user.get_username()}: {self.name} ({self.prefix}…)"
+
+    def state(self, now: datetime) -> str:
+        """The token at ``now``: "revoked", "expired" or "active" (the only state that lets it in)."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "expired"
+        return "active"

@@ -21,8 +21,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from accounts.forms import ProfileForm, TokenForm
 from accounts.models import ApiToken, User
 from accounts.services import UnixUsernameTaken, api_token_create, api_token_revoke, user_profile_update
-from feeds.models import FeedKey
-from feeds.selectors import feed_links
+from feeds.selectors import feed_listing
 from feeds.services import feed_urls_rotate
 
 
@@ -111,7 +110,8 @@ def _render(
     new_token: tuple[ApiToken, str] | None = None,
 ) -> HttpResponse:
     now = timezone.now()
-    tokens = [(token, _token_status(token, now)) for token in ApiToken.objects.filter(user=request.user)]
+    tokens = [(token, token.state(now)) for token in ApiToken.objects.filter(user=request.user)]
+    feeds = feed_listing(request.user, request.build_absolute_uri)
     context = {
         "nav": "profile",
         "form": profile_form,
@@ -119,15 +119,7 @@ def _render(
         "tokens": tokens,
         "new_token": new_token,
         "me_url": request.build_absolute_uri(reverse("api:me")),
-        "feeds": [(link, request.build_absolute_uri(link.path)) for link in feed_links(user=request.user)],
-        "feeds_rotated_at": FeedKey.objects.filter(user=request.user).values_list("rotated_at", flat=True).first(),
+        "feeds": feeds.feeds,
+        "feeds_rotated_at": feeds.rotated_at,
     }
     return render(request, "accounts/profile.html", context)
-
-
-def _token_status(token: ApiToken, now: Any) -> str:
-    if token.revoked_at is not None:
-        return "revoked"
-    if token.expires_at is not None and token.expires_at <= now:
-        return "expired"
-    return "active"

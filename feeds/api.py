@@ -9,21 +9,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from feeds.models import FeedKey
-from feeds.selectors import feed_links
+from feeds.selectors import feed_listing
 from feeds.serializers import FeedsSerializer
 from feeds.services import feed_urls_rotate
 from portal.api_schema import ERRORS, READ_ERRORS
 
 
 def _feeds(request: Request, user: Any) -> dict[str, Any]:
-    rotated_at = FeedKey.objects.filter(user=user).values_list("rotated_at", flat=True).first()
-    links = feed_links(user=user)
+    listing = feed_listing(user, request.build_absolute_uri)
     return {
-        "rotated_at": rotated_at,
-        "feeds": [
-            {"node": link.node, "title": link.title, "url": request.build_absolute_uri(link.path)} for link in links
-        ],
+        "rotated_at": listing.rotated_at,
+        "feeds": [{"node": link.node, "title": link.title, "url": url} for link, url in listing.feeds],
     }
 
 

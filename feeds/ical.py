@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo
 
-from django.utils import dateformat
 from icalendar import Calendar, Event, vDuration
 
 from feeds.selectors import FeedBooking
+from nodes.models import cuda_visible_devices
 from reservations.models import Reservation
+from reservations.timegrid import format_day_time
 
 Status = Reservation.Status
 
@@ -51,7 +51,7 @@ class FeedContext:
 
 def gpu_list(booking: FeedBooking) -> str:
     """'GPU 0, 1'."""
-    return "GPU " + ", ".join(str(index) for index, *_ in booking.gpus)
+    return "GPU " + ", ".join(str(gpu.index) for gpu in booking.gpus)
 
 
 def summary(booking: FeedBooking, context: FeedContext) -> str:
@@ -69,10 +69,6 @@ def summary(booking: FeedBooking, context: FeedContext) -> str:
     return text
 
 
-def _local(moment: datetime, zone: ZoneInfo) -> str:
-    return dateformat.format(moment.astimezone(zone), "D j M Y, H:i T")
-
-
 def owner_description(booking: FeedBooking, context: FeedContext) -> str:
     """What "My reservations" tells the holder: how to use the GPUs, and the times in their zone."""
     user = context.subscriber
@@ -86,18 +82,21 @@ def owner_description(booking: FeedBooking, context: FeedContext) -> str:
     lines = [f"Reservation #{booking.id}, {state}."]
     if booking.purpose:
         lines.append(f"Purpose: {booking.purpose}")
-    models = ", ".join(sorted({f"{model} ({round(memory / 1024)} GB)" for _, _, model, memory in booking.gpus}))
+    models = ", ".join(sorted({f"{gpu.model} ({gpu.memory_gb} GB)" for gpu in booking.gpus}))
     lines.append(f"{gpu_list(booking)} on {booking.node} ({booking.hostname}): {models}.")
     ends = "released" if booking.released else "to"
-    lines.append(f"From {_local(booking.start, zone)} {ends} {_local(booking.end, zone)} ({zone.key}).")
+    start, end = (
+        format_day_time(booking.start, zone, abbreviation=True),
+        format_day_time(booking.end, zone, abbreviation=True),
+    )
+    lines.append(f"From {start} {ends} {end} ({zone.key}).")
     if booking.status == Status.APPROVED:  # as on "My reservations": access once approved
         if user.unix_username:
-            uuids = ",".join(uuid for _, uuid, _, _ in booking.gpus)
-            indices = ",".join(str(index) for index, *_ in booking.gpus)
+            indices = ",".join(str(gpu.index) for gpu in booking.gpus)
             lines += [
                 "",
                 f"ssh {user.unix_username}@{booking.hostname}",
-                f"export CUDA_VISIBLE_DEVICES={uuids}",
+                f"export CUDA_VISIBLE_DEVICES={cuda_visible_devices(booking.gpus)}",
                 "# the same GPUs by index (nvidia-smi's numbering):",
                 f"#   CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={indices}",
             ]

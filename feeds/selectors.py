@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -12,8 +13,9 @@ from django.db.models.functions import Cast, Coalesce
 from django.urls import reverse
 
 from audit.models import AuditEntry
+from feeds.models import FeedKey
 from feeds.tokens import FeedToken, feed_token, feed_token_valid
-from nodes.models import Node
+from nodes.models import Gpu, Node
 from reservations.models import Allocation, Reservation
 
 
@@ -32,8 +34,30 @@ def feed_generation(user: Any) -> int:
 
 def feed_links(*, user: Any) -> list[FeedLink]:
     """The user's feed URLs: their own bookings first, then one per node by name. Two queries."""
-    generation = feed_generation(user)
+    return _feed_links(user, feed_generation(user))
 
+
+@dataclass(frozen=True)
+class FeedListing:
+    """What the profile page and the API show of a user's feeds."""
+
+    rotated_at: datetime | None  # when the user last replaced their URLs; None: never
+    feeds: list[tuple[FeedLink, str]]  # each feed with its full URL
+
+
+def feed_listing(user: Any, build_url: Callable[[str], str]) -> FeedListing:
+    """The user's feeds with full URLs (``build_url`` makes one of a path) and when they were last
+    rotated. Two queries: the user's FeedKey, the nodes."""
+    generation, rotated_at = FeedKey.objects.filter(user=user).values_list("generation", "rotated_at").first() or (
+        0,
+        None,
+    )
+    return FeedListing(
+        rotated_at=rotated_at, feeds=[(link, build_url(link.path)) for link in _feed_links(user, generation)]
+    )
+
+
+def _feed_links(user: Any, generation: int) -> list[FeedLink]:
     def path(node_id: int | None) -> str:
         return reverse("feed", kwargs={"token": feed_token(user_id=user.pk, node_id=node_id, generation=generation)})
 
@@ -75,7 +99,7 @@ class FeedBooking:
     changed_at: datetime  # the last audited change (or its creation)
     changes: int  # audited changes after the booking was made: the event's SEQUENCE
     released: bool
-    gpus: list[tuple[int, str, str, int]]  # (index, uuid, model, memory MiB), by index
+    gpus: list[Gpu]  # by index
 
 
 def feed_bookings(*, user: Any, node: Node | None, start: datetime, end: datetime) -> list[FeedBooking]:
@@ -106,45 +130,32 @@ def feed_bookings(*, user: Any, node: Node | None, start: datetime, end: datetim
             "released_at",
             "audited",
             "audited_last",
+            named=True,
         )
     )
-    gpus: dict[int, list[tuple[int, str, str, int]]] = {}
-    for rid, index, uuid, model, memory in (
+    gpus: dict[int, list[Gpu]] = {}
+    for allocation in (
         Allocation.objects.filter(reservation__in=reservations.values("pk"))
+        .select_related("gpu")
         .order_by("reservation_id", "gpu__index")
-        .values_list("reservation_id", "gpu__index", "gpu__uuid", "gpu__model", "gpu__memory_mib")
     ):
-        gpus.setdefault(rid, []).append((index, uuid, model, memory))
+        gpus.setdefault(allocation.reservation_id, []).append(allocation.gpu)
     return [
         FeedBooking(
-            id=rid,
-            owner_id=owner_id,
-            owner=owner,
-            node=node_name,
-            hostname=hostname,
-            start=b_start,
-            end=b_end,
-            status=status,
-            purpose=purpose,
-            created_at=created_at,
-            changed_at=max(created_at, audited_last) if audited_last else created_at,
-            changes=max((audited or 1) - 1, 0),
-            released=released_at is not None,
-            gpus=gpus.get(rid, []),
+            id=row.id,
+            owner_id=row.user_id,
+            owner=row.user__username,
+            node=row.node__name,
+            hostname=row.node__hostname,
+            start=row.start,
+            end=row.end,
+            status=row.status,
+            purpose=row.purpose,
+            created_at=row.created_at,
+            changed_at=max(row.created_at, row.audited_last) if row.audited_last else row.created_at,
+            changes=max((row.audited or 0) - 1, 0),
+            released=row.released_at is not None,
+            gpus=gpus.get(row.id, []),
         )
-        for (
-            rid,
-            owner_id,
-            owner,
-            node_name,
-            hostname,
-            b_start,
-            b_end,
-            status,
-            purpose,
-            created_at,
-            released_at,
-            audited,
-            audited_last,
-        ) in rows
+        for row in rows
     ]

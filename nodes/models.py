@@ -87,11 +87,16 @@ class Gpu(models.Model):
 
     @property
     def memory_gb(self) -> int:
-        return round(self.memory_mib / 1024)
+        return mib_to_gb(self.memory_mib)
 
     @property
     def is_bookable(self) -> bool:
         return self.bookable and self.drained_at is None
+
+
+def mib_to_gb(mib: int) -> int:
+    """A card's memory as pages and feeds show it: MiB rounded to whole GB (GiB)."""
+    return round(mib / 1024)
 
 
 def memory_gb_to_mib(gb: int | None) -> int | None:

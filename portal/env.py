@@ -50,3 +50,12 @@ def envlist(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def envchoice(name: str, default: str, choices: list[str] | tuple[str, ...]) -> str:
+    """One of a fixed set of words (``envstr``); anything else stops the portal and names them."""
+    value = envstr(name, default)
+    if value not in choices:
+        words = f"{choices[0]} or {choices[1]}" if len(choices) == 2 else f"one of {', '.join(choices)}"
+        raise ImproperlyConfigured(f"{name}={value!r}: use {words}.")
+    return value

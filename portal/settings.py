@@ -14,7 +14,7 @@ import dj_database_url
 import dj_email_url
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import envbool, envint, envlist, envstr
+from portal.env import envbool, envchoice, envint, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("VAR_DIR", str(BASE_DIR / "var")))
@@ -208,9 +208,7 @@ if LDAP_SERVER_URI:
             "groupOfUniqueNames": _ldap.GroupOfUniqueNamesType,
             "posixGroup": _ldap.PosixGroupType,
         }
-        _group_type = envstr("LDAP_GROUP_TYPE", "groupOfNames")
-        if _group_type not in _group_types:
-            raise ImproperlyConfigured(f"LDAP_GROUP_TYPE={_group_type!r}: use one of {', '.join(_group_types)}.")
+        _group_type = envchoice("LDAP_GROUP_TYPE", "groupOfNames", tuple(_group_types))
         AUTH_LDAP_GROUP_TYPE = _group_types[_group_type]()
         AUTH_LDAP_USER_FLAGS_BY_GROUP = {"is_staff": LDAP_STAFF_GROUP}
     AUTHENTICATION_BACKENDS.insert(0, "accounts.sso_ldap.PortalLDAPBackend")
@@ -404,13 +402,11 @@ FEED_RATE_PER_HOUR = envint("FEED_RATE_PER_HOUR", 60)
 
 # Logs go to stderr: plain lines, or with LOG_FORMAT=json one JSON object per line (time, level,
 # logger, message, and the request or Celery task where there is one; portal/logs.py).
-LOG_FORMAT = envstr("LOG_FORMAT", "plain")
 _formatters = {
     "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
     "json": {"()": "portal.logs.JsonFormatter"},
 }
-if LOG_FORMAT not in _formatters:
-    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: use plain or json.")
+LOG_FORMAT = envchoice("LOG_FORMAT", "plain", tuple(_formatters))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -26,7 +26,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.postgres.fields import RangeBoundary
 from django.db import connection
-from django.db.models import CharField, QuerySet
+from django.db.models import BooleanField, CharField, ExpressionWrapper, QuerySet
 from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import get_token
@@ -41,7 +41,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from nodes.models import Gpu, Node
+from nodes.models import BOOKABLE_GPUS, Gpu, Node, mib_to_gb
 from portal.api_schema import READ_ERRORS
 from portal.fields import AwareDateTimeField
 from reservations.constraints import TsTzRange
@@ -109,7 +109,7 @@ def _iso(moment: datetime) -> str:
 def gpu_label(index: int, model: str, memory_mib: int) -> str:
     """'GPU 0 · A100-SXM4 80 GB'."""
     short = _MEMORY_SUFFIX.sub("", _VENDOR_PREFIX.sub("", model.strip())) or model.strip()
-    return f"GPU {index} · {short} {round(memory_mib / 1024)} GB"
+    return f"GPU {index} · {short} {mib_to_gb(memory_mib)} GB"
 
 
 def calendar_resources(*, node: Node | None = None) -> list[dict[str, Any]]:
@@ -119,10 +119,10 @@ def calendar_resources(*, node: Node | None = None) -> list[dict[str, Any]]:
     if node is not None:
         nodes, gpus = nodes.filter(pk=node.pk), gpus.filter(node=node)
     children: dict[int, list[dict[str, Any]]] = {}
-    for pk, node_id, node_name, index, model, memory_mib, bookable, drained_at in gpus.values_list(
-        "pk", "node_id", "node__name", "index", "model", "memory_mib", "bookable", "drained_at"
+    gpus = gpus.annotate(usable=ExpressionWrapper(BOOKABLE_GPUS, output_field=BooleanField()))
+    for pk, node_id, node_name, index, model, memory_mib, usable in gpus.values_list(
+        "pk", "node_id", "node__name", "index", "model", "memory_mib", "usable"
     ):
-        usable = bookable and drained_at is None
         label = gpu_label(index, model, memory_mib)
         children.setdefault(node_id, []).append(
             {

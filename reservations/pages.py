@@ -19,7 +19,7 @@ from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils import dateformat, timezone
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
@@ -28,6 +28,7 @@ from reservations import selectors, services
 from reservations.exceptions import BookingError
 from reservations.forms import EXTEND_HOURS, ExtendForm, ReasonForm, RequiredReasonForm, first_error
 from reservations.models import Reservation
+from reservations.timegrid import format_day_time
 
 Status = Reservation.Status
 
@@ -238,4 +239,4 @@ def _back(request: HttpRequest) -> HttpResponseRedirect:
 
 def _moment(moment: datetime) -> str:
     """A time in the user's zone, as the pages show it."""
-    return f"{dateformat.format(timezone.localtime(moment), 'D j M Y, H:i')} ({timezone.get_current_timezone_name()})"
+    return f"{format_day_time(moment)} ({timezone.get_current_timezone_name()})"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 
 from django.conf import settings
-from django.utils import timezone
+from django.utils import dateformat, timezone
 
 
 def grid() -> timedelta:
@@ -32,6 +32,13 @@ def ceil_to_grid(moment: datetime) -> datetime:
 def format_moment(moment: datetime) -> str:
     local = timezone.localtime(moment)
     return f"{local:%Y-%m-%d %H:%M} {local.tzname()}"
+
+
+def format_day_time(moment: datetime, zone: tzinfo | None = None, *, abbreviation: bool = False) -> str:
+    """'Mon 7 Jan 2030, 09:00' in ``zone`` (default: the current one), as pages and feed texts
+    write a time; ``abbreviation`` adds the zone's ('… 09:00 CET')."""
+    local = timezone.localtime(moment, zone)
+    return dateformat.format(local, "D j M Y, H:i T" if abbreviation else "D j M Y, H:i")
 
 
 def format_period(start: datetime, end: datetime) -> str:
