@@ -53,13 +53,22 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
-import psycopg
-from benchdb import REPO_ROOT, create_lab, execute, open_database, percentile_ms
+from benchdb import (
+    REPO_ROOT,
+    bulk_load,
+    copy_reservations,
+    create_lab,
+    ensure_users,
+    execute,
+    open_database,
+    percentile_ms,
+)
 
 HOST = "127.0.0.1"
 RATE = "100000000/minute"
@@ -178,21 +187,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def ensure_users(prefix: str, count: int) -> list[Any]:
-    """Ordinary (non-staff) users named prefix0 .. prefix{count-1}, created when missing."""
-    from django.contrib.auth import get_user_model
-
-    user_model = get_user_model()
-    users = []
-    for i in range(count):
-        username = f"{prefix}{i}" if count > 1 else prefix
-        user = user_model.objects.filter(username=username).first()
-        if user is None:
-            user = user_model.objects.create_user(username=username, unix_username=username.replace("-", "_"))
-        users.append(user)
-    return users
-
-
 def new_token(user: Any) -> str:
     from accounts.services import api_token_create
 
@@ -284,30 +278,6 @@ def reservation_rows(
             yield rng.choice(owner_ids), node_id, gpu_id, start, start + length
 
 
-def copy_reservations(url: str, rows: list[tuple[int, int, int, datetime, datetime]]) -> None:
-    """COPY the reservations (ids taken from their sequence) and one active allocation each."""
-    with psycopg.connect(url) as conn, conn.cursor() as cursor:
-        cursor.execute(
-            "SELECT nextval(pg_get_serial_sequence('reservations_reservation', 'id')) FROM generate_series(1, %s)",
-            [len(rows)],
-        )
-        ids = [row[0] for row in cursor.fetchall()]
-        with cursor.copy(
-            'COPY reservations_reservation (id, user_id, node_id, start, "end", purpose, status, created_at, '
-            "decision_reason, cancel_reason) FROM STDIN"
-        ) as copy:
-            for pk, (user_id, node_id, _gpu, start, end) in zip(ids, rows, strict=True):
-                copy.write_row((pk, user_id, node_id, start, end, "", "approved", start - CELL, "", ""))
-        with cursor.copy(
-            'COPY reservations_allocation (reservation_id, gpu_id, start, "end", active) FROM STDIN'
-        ) as copy:
-            for pk, (_user, _node, gpu_id, start, end) in zip(ids, rows, strict=True):
-                copy.write_row((pk, gpu_id, start, end, True))
-        conn.commit()
-        conn.autocommit = True
-        cursor.execute("ANALYZE")
-
-
 def ensure_data_set(url: str, rebuild: bool) -> str:
     """Load the read data set unless it is there; returns what was done, for the report."""
     now = datetime.now(UTC)
@@ -317,8 +287,12 @@ def ensure_data_set(url: str, rebuild: bool) -> str:
     wipe_everything()
     owners = ensure_users(OWNER_PREFIX, OWNER_COUNT)
     gpus = create_nodes()
-    rows = list(reservation_rows(gpus, [owner.pk for owner in owners], now))
-    copy_reservations(url, rows)
+    rows = [
+        (user_id, node_id, gpu_id, start, end, "approved", "", start - CELL)
+        for user_id, node_id, gpu_id, start, end in reservation_rows(gpus, [owner.pk for owner in owners], now)
+    ]
+    with bulk_load(url) as cursor:
+        copy_reservations(cursor, rows)
     return f"data set loaded in {time.perf_counter() - began:.1f} s"
 
 
@@ -393,6 +367,27 @@ def print_log_tail(log: IO[bytes], lines: int = 30) -> None:
     log.seek(0)
     tail = log.read().decode(errors="replace").splitlines()[-lines:]
     print("daphne log (tail):", *tail, sep="\n  ", file=sys.stderr)
+
+
+@contextmanager
+def serving(url: str, port: int | None = None, log: IO[bytes] | None = None) -> Iterator[tuple[int, IO[bytes]]]:
+    """daphne on ``url``'s database, on ``port`` (a free one if None), up and answering; yields
+    (port, log). The tail of its log is printed if anything inside fails; it is stopped on the way
+    out. ``log`` takes the server's output: pass one to read it afterwards, else a temporary file
+    is used and closed with the block."""
+    with ExitStack() as stack:
+        if log is None:
+            log = stack.enter_context(tempfile.TemporaryFile())
+        port = port or free_port()
+        server = start_server(url, port, log)
+        try:
+            wait_for_server(server, port)
+            yield port, log
+        except Exception:
+            print_log_tail(log)
+            raise
+        finally:
+            stop_server(server)
 
 
 def print_server_exceptions(log: IO[bytes]) -> None:
@@ -581,17 +576,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     reader_token = new_token(ensure_users(READER, 1)[0])
     print_context(args, loaded)
 
-    port = args.port or free_port()
     with tempfile.TemporaryFile() as log:
-        server = start_server(url, port, log)
-        try:
-            wait_for_server(server, port)
+        with serving(url, args.port, log) as (port, _log):
             rows = run_benchmarks(args, port, reader_token)
-        except Exception:
-            print_log_tail(log)
-            raise
-        finally:
-            stop_server(server)
         print()
         for row in rows:
             report_errors(row)

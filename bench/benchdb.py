@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -106,6 +108,57 @@ def create_lab(
         for i in range(gpus_per_node)
     )
     return [(gpu.node_id, gpu.pk) for gpu in gpus]
+
+
+def ensure_users(prefix: str, count: int, **extra: Any) -> list[Any]:
+    """Users named prefix0 .. prefix{count-1} (just ``prefix`` when count is 1), their unix username
+    the name with "_" for "-", created when missing; ordinary researchers unless ``extra`` says
+    otherwise (e.g. is_staff=True), which applies only to users created here."""
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    users = []
+    for i in range(count):
+        username = f"{prefix}{i}" if count > 1 else prefix
+        user = user_model.objects.filter(username=username).first()
+        if user is None:
+            user = user_model.objects.create_user(username=username, unix_username=username.replace("-", "_"), **extra)
+        users.append(user)
+    return users
+
+
+# (user id, node id, gpu id, start, end, status, purpose, created_at)
+BookingRow = tuple[int, int, int, datetime, datetime, str, str, datetime]
+
+
+@contextmanager
+def bulk_load(url: str) -> Iterator[psycopg.Cursor[Any]]:
+    """A cursor of a connection of its own for COPY; committed, then ANALYZE, on the way out."""
+    with psycopg.connect(url) as conn, conn.cursor() as cursor:
+        yield cursor
+        conn.commit()
+        conn.autocommit = True
+        cursor.execute("ANALYZE")
+
+
+def copy_reservations(cursor: psycopg.Cursor[Any], rows: Sequence[BookingRow]) -> list[int]:
+    """COPY the reservations (ids taken from their sequence) and one active allocation each, on
+    ``cursor`` (of bulk_load); returns the reservations' ids, in the order of ``rows``."""
+    cursor.execute(
+        "SELECT nextval(pg_get_serial_sequence('reservations_reservation', 'id')) FROM generate_series(1, %s)",
+        [len(rows)],
+    )
+    ids = [row[0] for row in cursor.fetchall()]
+    with cursor.copy(
+        'COPY reservations_reservation (id, user_id, node_id, start, "end", purpose, status, created_at, '
+        "decision_reason, cancel_reason) FROM STDIN"
+    ) as copy:
+        for pk, (user_id, node_id, _gpu, start, end, status, purpose, created_at) in zip(ids, rows, strict=True):
+            copy.write_row((pk, user_id, node_id, start, end, purpose, status, created_at, "", ""))
+    with cursor.copy('COPY reservations_allocation (reservation_id, gpu_id, start, "end", active) FROM STDIN') as copy:
+        for pk, (_user, _node, gpu_id, start, end, *_rest) in zip(ids, rows, strict=True):
+            copy.write_row((pk, gpu_id, start, end, True))
+    return ids
 
 
 def open_database(script: str, example_db: str) -> str:

@@ -42,7 +42,6 @@ import gzip
 import json
 import os
 import random
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -50,8 +49,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-import psycopg
-from benchdb import create_lab, open_database, percentile_ms, reset_lab
+from benchdb import (
+    BookingRow,
+    bulk_load,
+    copy_reservations,
+    create_lab,
+    ensure_users,
+    open_database,
+    percentile_ms,
+    reset_lab,
+)
 
 NODE_COUNT = 8
 GPUS_PER_NODE = 8
@@ -97,19 +104,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def ensure_users() -> tuple[list[Any], Any]:
-    """USER_COUNT booking users and one reader (all ordinary researchers), created when missing."""
-    from django.contrib.auth import get_user_model
-
-    user_model = get_user_model()
-
-    def user(name: str) -> Any:
-        found = user_model.objects.filter(username=name).first()
-        return found or user_model.objects.create_user(username=name, unix_username=name.replace("-", "_"))
-
-    return [user(f"{USER_PREFIX}{i}") for i in range(USER_COUNT)], user(READER)
-
-
 def week_start(now: datetime) -> datetime:
     """Monday 00:00 UTC of the week holding ``now``."""
     midnight = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -118,39 +112,16 @@ def week_start(now: datetime) -> datetime:
 
 def booking_rows(
     gpus: list[tuple[int, int]], owner_ids: list[int], first: datetime, weeks: int
-) -> Iterator[tuple[int, int, int, datetime, datetime, str, str]]:
-    """(user, node, gpu, start, end, status, purpose): SLOT-long bookings back to back on every GPU."""
+) -> Iterator[BookingRow]:
+    """SLOT-long bookings back to back on every GPU, each made a week before it starts."""
     rng = random.Random(SEED)
     per_gpu = int(weeks * WEEK / SLOT)
     for node_id, gpu_id in gpus:
         for step in range(per_gpu):
             start = first + step * SLOT
             status = "pending" if rng.randrange(PENDING_EVERY) == 0 else "approved"
-            yield rng.choice(owner_ids), node_id, gpu_id, start, start + SLOT, status, rng.choice(PURPOSES)
-
-
-def copy_bookings(url: str, rows: list[tuple[int, int, int, datetime, datetime, str, str]]) -> None:
-    """COPY the reservations (ids from their sequence) and one active allocation each, then ANALYZE."""
-    with psycopg.connect(url) as conn, conn.cursor() as cursor:
-        cursor.execute(
-            "SELECT nextval(pg_get_serial_sequence('reservations_reservation', 'id')) FROM generate_series(1, %s)",
-            [len(rows)],
-        )
-        ids = [row[0] for row in cursor.fetchall()]
-        with cursor.copy(
-            'COPY reservations_reservation (id, user_id, node_id, start, "end", purpose, status, created_at, '
-            "decision_reason, cancel_reason) FROM STDIN"
-        ) as copy:
-            for pk, (user_id, node_id, _gpu, start, end, status, purpose) in zip(ids, rows, strict=True):
-                copy.write_row((pk, user_id, node_id, start, end, purpose, status, start - WEEK, "", ""))
-        with cursor.copy(
-            'COPY reservations_allocation (reservation_id, gpu_id, start, "end", active) FROM STDIN'
-        ) as copy:
-            for pk, (_user, _node, gpu_id, start, end, _status, _purpose) in zip(ids, rows, strict=True):
-                copy.write_row((pk, gpu_id, start, end, True))
-        conn.commit()
-        conn.autocommit = True
-        cursor.execute("ANALYZE")
+            owner, purpose = rng.choice(owner_ids), rng.choice(PURPOSES)
+            yield owner, node_id, gpu_id, start, start + SLOT, status, purpose, start - WEEK
 
 
 def load_lab(url: str, history_weeks: int, now: datetime) -> tuple[Any, datetime]:
@@ -159,11 +130,13 @@ def load_lab(url: str, history_weeks: int, now: datetime) -> tuple[Any, datetime
     from reservations.models import MaintenanceWindow
 
     reset_lab()
-    owners, reader = ensure_users()
+    owners = ensure_users(USER_PREFIX, USER_COUNT)
+    reader = ensure_users(READER, 1)[0]
     gpus = create_lab([f"bench-cal-n{n}" for n in range(NODE_COUNT)], GPUS_PER_NODE, GPU_MODELS, uuid_tag="ca1e")
     monday = week_start(now)
     rows = list(booking_rows(gpus, [owner.pk for owner in owners], monday - history_weeks * WEEK, history_weeks + 1))
-    copy_bookings(url, rows)
+    with bulk_load(url) as cursor:
+        copy_reservations(cursor, rows)
     node = Node.objects.order_by("name").first()
     wednesday = monday + timedelta(days=2)
     MaintenanceWindow.objects.create(node=node, start=wednesday, end=wednesday + timedelta(hours=6), reason="BIOS")
@@ -230,25 +203,16 @@ def in_process_rows(token: str, paths: list[tuple[str, str]], count: int) -> lis
 
 
 def http_rows(url: str, token: str, paths: list[tuple[str, str]], count: int) -> list[Row]:
-    from api import Client, free_port, print_log_tail, start_server, stop_server, wait_for_server
+    from api import Client, serving
 
-    port = free_port()
-    with tempfile.TemporaryFile() as log:
-        server = start_server(url, port, log)
-        client = None
+    with serving(url) as (port, _log):
+        client = Client(port, token)
         try:
-            wait_for_server(server, port)
-            client = Client(port, token)
             rows = [measure(label, "daphne", _http_getter(client, path), count) for label, path in paths]
             client.headers["Accept-Encoding"] = "gzip"
             return rows + [measure(label, "daphne, gzip", _http_getter(client, path), count) for label, path in paths]
-        except Exception:
-            print_log_tail(log)
-            raise
         finally:
-            if client is not None:
-                client.close()
-            stop_server(server)
+            client.close()
 
 
 def _http_getter(client: Any, path: str) -> Callable[[], tuple[int, bytes]]:

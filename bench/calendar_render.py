@@ -56,7 +56,6 @@ from typing import Any
 
 from benchdb import REPO_ROOT, open_database, percentile_ms
 
-CHROMIUM = "/usr/lib/chromium/chromium"
 PASSWORD = "bench-render-password"  # noqa: S105 - a throw-away user of the benchmark database
 VIEW_KEY = "gpu-calendar-view"
 QUIET_MS = 400
@@ -212,21 +211,17 @@ class Page:
         self.click("week view", ".ec-toolbar .ec-resourceTimelineWeek")
 
 
-def run_browser(base: str, username: str, args: argparse.Namespace) -> Page:
+def run_browser(base: str, username: str, chromium: str, args: argparse.Namespace) -> Page:
     from playwright.sync_api import sync_playwright
 
     sys.path.insert(0, str(REPO_ROOT))
-    from tests.browser.conftest import CHROMIUM_ARGS
+    from tests.browser.conftest import CHROMIUM_ARGS, log_in
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=not args.headed)
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=not args.headed)
         context = browser.new_context(viewport={"width": 1400, "height": 900}, timezone_id="UTC")
         page = context.new_page()
-        page.goto(f"{base}/accounts/login/")
-        page.get_by_label("Username").fill(username)
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Log in").click()
-        page.wait_for_url(f"{base}/")
+        log_in(page, base, username, PASSWORD)
         context.add_init_script(OBSERVERS)
         measured = Page(page, base)
         cdp = None
@@ -271,14 +266,21 @@ def print_figures(measured: Page) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if not Path(CHROMIUM).exists():
-        print(f"bench/calendar_render.py needs chromium at {CHROMIUM} (apt-get install chromium)", file=sys.stderr)
+    from tests.browser.conftest import CHROMIUM_CANDIDATES, chromium_path
+
+    chromium = chromium_path()
+    if chromium is None:
+        print(
+            f"bench/calendar_render.py needs chromium at one of {', '.join(CHROMIUM_CANDIDATES)} "
+            "(apt-get install chromium)",
+            file=sys.stderr,
+        )
         return 2
     static_root = Path(tempfile.mkdtemp(prefix="calendar-render-static-"))
     os.environ["STATIC_ROOT"] = str(static_root)  # read by the settings, here and in daphne
     try:
         url = open_database("bench/calendar_render.py", "portal_bench_render")
-        from api import free_port, print_log_tail, start_server, stop_server, wait_for_server
+        from api import serving
         from calendar_data import NODE_COUNT, load_lab
 
         began = time.perf_counter()
@@ -289,22 +291,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"calendar render benchmark: {NODE_COUNT} nodes x 8 GPUs, the week of {monday:%Y-%m-%d} booked densely "
             f"(and {args.history_weeks} week(s) before it), loaded in {time.perf_counter() - began:.1f} s; logged in "
             f"as {user.username}; {args.repeat} page loads, each followed by the interactions; headless Chromium "
-            f"({CHROMIUM}), {os.cpu_count()} CPUs"
+            f"({chromium}), {os.cpu_count()} CPUs"
         )
         from django.db import connection
 
         connection.close()
-        port = free_port()
-        with tempfile.TemporaryFile() as log:
-            server = start_server(url, port, log)
-            try:
-                wait_for_server(server, port)
-                measured = run_browser(f"http://127.0.0.1:{port}", user.username, args)
-            except Exception:
-                print_log_tail(log)
-                raise
-            finally:
-                stop_server(server)
+        with serving(url) as (port, _log):
+            measured = run_browser(f"http://127.0.0.1:{port}", user.username, chromium, args)
         print_figures(measured)
     finally:
         shutil.rmtree(static_root, ignore_errors=True)

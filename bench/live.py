@@ -38,7 +38,6 @@ import asyncio
 import http.client
 import json
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -271,20 +270,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     url = open_database("bench/live.py", "portal_bench_live")
     fleet, token = create_fleet()
     os.environ["API_RATE_PER_AGENT"] = "100000000/minute"  # the server inherits it: no 429s
-    from api import free_port, print_log_tail, start_server, stop_server, wait_for_server
+    from api import serving
 
     print(f"lab: {NODES} nodes x {GPUS_PER_NODE} GPUs; one daphne process; {os.cpu_count()} CPUs")
-    with tempfile.TemporaryFile() as log:
-        port = free_port()
-        server = start_server(url, port, log)
-        try:
-            wait_for_server(server, port)
-            asyncio.run(main_async(args, port, fleet, token))
-        except Exception:
-            print_log_tail(log)
-            raise
-        finally:
-            stop_server(server)
+    with serving(url) as (port, _log):
+        asyncio.run(main_async(args, port, fleet, token))
 
 
 if __name__ == "__main__":

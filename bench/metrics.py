@@ -35,9 +35,8 @@ import secrets
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from benchdb import create_lab, execute, open_database, percentile_ms, reset_lab
+from benchdb import create_lab, ensure_users, execute, open_database, percentile_ms, reset_lab
 
 GPUS_PER_NODE = 8
 USER_PREFIX = "bench-metrics-user-"
@@ -59,24 +58,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def ensure_users() -> list[Any]:
-    from django.contrib.auth import get_user_model
-
-    user_model = get_user_model()
-    users = []
-    for i in range(USER_COUNT):
-        name = f"{USER_PREFIX}{i}"
-        found = user_model.objects.filter(username=name).first()
-        users.append(found or user_model.objects.create_user(username=name, unix_username=name.replace("-", "_")))
-    return users
-
-
 def load_fleet(node_count: int, now: datetime) -> None:
     from nodes.models import AgentState, Gpu, GpuTelemetry, Node
     from reservations.models import Allocation, Reservation
 
     reset_lab()
-    users = ensure_users()
+    users = ensure_users(USER_PREFIX, USER_COUNT)
     gpus = create_lab([f"bench-met-n{n:03d}" for n in range(node_count)], GPUS_PER_NODE, GPU_MODELS, uuid_tag="3e7")
     nodes = list(Node.objects.order_by("name"))
     Node.objects.update(lease_version=12)

@@ -31,8 +31,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
-from benchdb import create_lab, execute, open_database, percentile_ms
+from benchdb import bulk_load, copy_reservations, create_lab, ensure_users, open_database, percentile_ms, reset_lab
 
 NODES, GPUS_PER_NODE, USERS, GROUPS = 10, 10, 30, 5
 SEED = 8
@@ -44,82 +43,45 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def reset() -> None:
-    from nodes.models import Gpu, Node
-
-    execute(
-        "TRUNCATE accounting_usagehour, notifications_notification, reservations_allocation, "
-        "reservations_reservation, audit_auditentry RESTART IDENTITY CASCADE"
-    )
-    Gpu.objects.all().delete()
-    Node.objects.all().delete()
-
-
 def people() -> tuple[list[int], Any]:
-    from django.contrib.auth import get_user_model
+    """USERS researchers, in turn in GROUPS groups, and an admin; returns the researchers' ids and the admin."""
     from django.contrib.auth.models import Group
 
-    user_model = get_user_model()
     groups = [Group.objects.get_or_create(name=f"bench-group-{g}")[0] for g in range(GROUPS)]
-    ids = []
-    for i in range(USERS):
-        name = f"bench-rep-{i}"
-        user = user_model.objects.filter(username=name).first() or user_model.objects.create_user(
-            username=name, unix_username=name.replace("-", "_")
-        )
+    users = ensure_users("bench-rep-", USERS)
+    for i, user in enumerate(users):
         user.groups.set([groups[i % GROUPS]])
-        ids.append(user.pk)
-    admin = user_model.objects.filter(username="bench-rep-admin").first() or user_model.objects.create_user(
-        username="bench-rep-admin", unix_username="bench_rep_admin", is_staff=True
-    )
-    return ids, admin
+    admin = ensure_users("bench-rep-admin", 1, is_staff=True)[0]
+    return [user.pk for user in users], admin
 
 
-def load_year(url: str, now: datetime) -> tuple[int, int]:
-    """Bookings and usage hours for the past year; returns their counts."""
+def load_year(url: str, now: datetime, user_ids: list[int]) -> tuple[int, int]:
+    """Bookings (by ``user_ids``) and usage hours for the past year; returns their counts."""
     lab = create_lab([f"rep-{n}" for n in range(NODES)], GPUS_PER_NODE, [("NVIDIA H100 80GB HBM3", 81559)], "rp")
-    user_ids, _admin = people()
     rng = random.Random(SEED)
     first = (now - timedelta(days=366)).replace(minute=0, second=0, microsecond=0)
-    bookings = []  # (user, node, gpu, start, end)
+    bookings = []
     for node_id, gpu_id in lab:
         moment = first + timedelta(hours=rng.randrange(8))
         while moment < now:
             end = moment + timedelta(hours=rng.randrange(2, 9))
-            bookings.append((rng.choice(user_ids), node_id, gpu_id, moment, min(end, now)))
+            start, stop = moment, min(end, now)
+            bookings.append((rng.choice(user_ids), node_id, gpu_id, start, stop, "approved", "", start))
             moment = end + timedelta(hours=rng.randrange(0, 9))
     hours = 0
-    with psycopg.connect(url) as conn, conn.cursor() as cursor:
-        cursor.execute(
-            "SELECT nextval(pg_get_serial_sequence('reservations_reservation', 'id')) FROM generate_series(1, %s)",
-            [len(bookings)],
-        )
-        ids = [row[0] for row in cursor.fetchall()]
-        with cursor.copy(
-            'COPY reservations_reservation (id, user_id, node_id, start, "end", purpose, status, created_at, '
-            "decision_reason, cancel_reason) FROM STDIN"
-        ) as copy:
-            for pk, (user_id, node_id, _gpu, start, end) in zip(ids, bookings, strict=True):
-                copy.write_row((pk, user_id, node_id, start, end, "", "approved", start, "", ""))
-        with cursor.copy(
-            'COPY reservations_allocation (reservation_id, gpu_id, start, "end", active) FROM STDIN'
-        ) as copy:
-            for pk, (_user, _node, gpu_id, start, end) in zip(ids, bookings, strict=True):
-                copy.write_row((pk, gpu_id, start, end, True))
+    with bulk_load(url) as cursor:
+        ids = copy_reservations(cursor, bookings)
         with cursor.copy(
             "COPY accounting_usagehour (gpu_id, hour, reservation_id, user_id, minutes_reported, used_minutes, "
             "utilization_sum, utilization_samples, memory_used_max_mib) FROM STDIN"
         ) as copy:
-            for pk, (user_id, _node, gpu_id, start, end) in zip(ids, bookings, strict=True):
+            for pk, (user_id, _node, gpu_id, start, end, *_rest) in zip(ids, bookings, strict=True):
                 hour = start
                 while hour < end:
                     used = rng.choice((0, 0, 15, 30, 45, 60, 60, 60))
                     copy.write_row((gpu_id, hour, pk, user_id, 60, used, used * 12 * 80, 720, 40000))
                     hour += timedelta(hours=1)
                     hours += 1
-        conn.commit()
-        conn.autocommit = True
-        cursor.execute("ANALYZE")
     return len(bookings), hours
 
 
@@ -140,10 +102,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from accounting.report import demand_by_hour_of_week, usage_report
 
     now = datetime.now(UTC).replace(microsecond=0)
-    reset()
+    reset_lab()
     started = time.perf_counter()
-    bookings, hours = load_year(url, now)
-    _ids, admin = people()
+    user_ids, admin = people()
+    bookings, hours = load_year(url, now, user_ids)
     print(
         f"lab: {NODES * GPUS_PER_NODE} GPUs, {bookings:,} bookings and {hours:,} usage hours over the past year, "
         f"loaded in {time.perf_counter() - started:.0f} s"

@@ -5,12 +5,11 @@ from __future__ import annotations
 import email
 import email.policy
 import threading
-import time
 from email.message import EmailMessage
 
 from aiosmtpd.controller import Controller
 
-from tests.nodes.agent.harness import free_port
+from tests.nodes.agent.harness import free_port, wait_for
 
 
 class _Keeper:
@@ -50,9 +49,7 @@ class MailServer:
             return list(self.keeper.messages)
 
     def wait_for(self, count: int, timeout: float = 10.0) -> list[EmailMessage]:
-        deadline = time.monotonic() + timeout
-        while len(self.messages) < count and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: len(self.messages) >= count, timeout=timeout, interval=0.02)
         return self.messages
 
     def clear(self) -> None:

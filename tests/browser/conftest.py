@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
-    executable = next((path for path in CHROMIUM_CANDIDATES if os.path.exists(path)), shutil.which("chromium"))
+    executable = chromium_path()
     if executable is None:
         pytest.skip("chromium is not installed (apt-get install chromium; scripts/services does it)")
     return {**browser_type_launch_args, "executable_path": executable, "args": CHROMIUM_ARGS}
@@ -62,9 +62,16 @@ def screenshot(page, request):
     return lambda step: save_screenshot(page, f"{request.node.originalname}-{step}")
 
 
-def log_in(page, live_server, username: str, password: str = "correct horse battery staple") -> None:  # noqa: S107 - the factories' test password
-    page.goto(f"{live_server.url}/accounts/login/")
+def chromium_path() -> str | None:
+    """Debian's Chromium, where it is installed (None when it is not)."""
+    return next((path for path in CHROMIUM_CANDIDATES if os.path.exists(path)), shutil.which("chromium"))
+
+
+def log_in(page, server, username: str, password: str = "correct horse battery staple") -> None:  # noqa: S107 - the factories' test password
+    """Log in through the login form; ``server`` is live_server (or anything with .url) or the base URL."""
+    base = server if isinstance(server, str) else server.url
+    page.goto(f"{base}/accounts/login/")
     page.get_by_label("Username").fill(username)
     page.get_by_label("Password").fill(password)
     page.get_by_role("button", name="Log in").click()
-    page.wait_for_url(f"{live_server.url}/")
+    page.wait_for_url(f"{base}/")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from django.utils import timezone
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
-from tests.nodes.agent.harness import free_port, wait_for
+from tests.nodes.agent.harness import free_port, port_open, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,8 +68,7 @@ class AsgiServer:
     def _answers(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
             raise RuntimeError(f"daphne exited:\n{self.log()}")
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+        return port_open(self.port)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

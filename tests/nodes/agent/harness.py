@@ -64,6 +64,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts a TCP connection on ``port`` now."""
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
 class RecordingPortal:
     """Answers the agent's POSTs with 200 and keeps their bodies, per endpoint."""
 
@@ -108,16 +117,9 @@ class PrivateRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        if wait_for(self._answers, timeout=10) is None:
+        if wait_for(lambda: port_open(self.port), timeout=10) is None:
             self.stop()
             raise RuntimeError("the private redis-server did not start")
-
-    def _answers(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                return True
-        except OSError:
-            return False
 
     def stop(self) -> None:
         if self.process.poll() is None:
