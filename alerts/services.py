@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
@@ -45,6 +44,7 @@ from live import broadcast
 from nodes.models import AgentState, Gpu, GpuMinute, GpuTelemetry, Node, NodeEvent
 from nodes.usage import busy_minutes
 from notifications.mail import send_templated
+from portal.locks import advisory_xact_lock
 from reservations.models import Allocation, Reservation
 
 logger = logging.getLogger(__name__)
@@ -597,15 +597,6 @@ def _claim(kind: str, now: datetime) -> list[_Mail]:
                 mine = set(Alert.objects.filter(mail_id=mail.mail_id).values_list("pk", flat=True))
                 mails.append(_Mail(mail.mail_id, [a for a in group if a.pk in mine]))
         return mails
-
-
-def advisory_xact_lock(key: str | int) -> None:
-    """A transaction-scoped lock on PostgreSQL, by name (its CRC-32) or by a number of one's own;
-    SQLite's writers are serialized already (transaction_mode IMMEDIATE). Also accounting.rollup's."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            number = zlib.crc32(key.encode()) if isinstance(key, str) else key
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [number])
 
 
 def _staff_context(alerts: list[Alert], now: datetime) -> dict[str, Any]:

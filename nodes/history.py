@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from datetime import datetime
-from functools import cache
 
 import redis
-from django.conf import settings
+
+from portal.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
 
@@ -23,15 +23,10 @@ HISTORY_SAMPLES = 120  # ten minutes at the agents' 5 s
 HISTORY_TTL = 900
 
 
-@cache
-def _client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-
-
 def history_record(readings: Iterable[tuple[int, datetime, int | None]]) -> None:
     """Append (GPU id, time, utilisation %) readings; those without a utilisation are skipped."""
     try:
-        pipe = _client().pipeline(transaction=False)
+        pipe = redis_client().pipeline(transaction=False)
         for gpu_id, at, utilization in readings:
             if utilization is None:
                 continue
@@ -47,7 +42,7 @@ def history_record(readings: Iterable[tuple[int, datetime, int | None]]) -> None
 def history_of(gpu_ids: list[int]) -> dict[int, list[list[int]]]:
     """GPU id -> [[ms since the epoch, utilisation %], ...], oldest first."""
     try:
-        pipe = _client().pipeline(transaction=False)
+        pipe = redis_client().pipeline(transaction=False)
         for gpu_id in gpu_ids:
             pipe.lrange(KEY.format(gpu_id=gpu_id), 0, -1)
         lists = pipe.execute()
@@ -66,7 +61,7 @@ def history_of(gpu_ids: list[int]) -> dict[int, list[list[int]]]:
 
 def forget_all() -> None:
     """Drop every GPU's history (tests, and a database restored from a backup)."""
-    client = _client()
+    client = redis_client()
     keys = list(client.scan_iter(match=KEY.format(gpu_id="*"), count=1000))
     if keys:
         client.delete(*keys)

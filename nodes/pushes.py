@@ -10,7 +10,6 @@ re-pushes every node each minute, so a push lost to a Redis outage is repaired s
 from __future__ import annotations
 
 import logging
-from functools import cache
 
 import redis
 from django.conf import settings
@@ -21,15 +20,11 @@ from django.utils import timezone
 from nodes.agent.worker import APPLY_SNAPSHOT_TASK, queue_name
 from nodes.leases import node_snapshot
 from nodes.models import Node
+from portal.redis_client import redis_client
 
 log = logging.getLogger(__name__)
 
 PENDING_KEY = "gpubook:lease-push-pending:{node_id}"
-
-
-@cache
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
 
 
 def push_after_commit(node_id: int) -> None:
@@ -46,7 +41,7 @@ def request_push(node_id: int) -> None:
     try:
         key = PENDING_KEY.format(node_id=node_id)
         # The mark outlives the queued task by a margin, so a lost task cannot block pushes for long.
-        if _redis().set(key, "1", nx=True, ex=max(int(delay * 10), 10)):
+        if redis_client().set(key, "1", nx=True, ex=max(int(delay * 10), 10)):
             push_node_leases.apply_async((node_id,), countdown=delay, expires=settings.LEASE_PUSH_EXPIRES_SECONDS)
     except Exception:
         log.warning("could not queue the lease push for node %s; beat will send it", node_id, exc_info=True)
@@ -54,7 +49,7 @@ def request_push(node_id: int) -> None:
 
 def clear_pending(node_id: int) -> None:
     try:
-        _redis().delete(PENDING_KEY.format(node_id=node_id))
+        redis_client().delete(PENDING_KEY.format(node_id=node_id))
     except redis.RedisError:
         log.warning("could not clear the push mark of node %s", node_id, exc_info=True)
 

@@ -12,6 +12,7 @@ from nodes.agent.worker import APPLY_SNAPSHOT_TASK
 from nodes.models import Node
 from nodes.services import node_rotate_credentials
 from nodes.tasks import push_all_leases, push_node_leases
+from portal.redis_client import redis_client
 from reservations.models import Reservation
 from reservations.services import reservation_cancel, reservation_create
 from tests.conftest import at
@@ -82,12 +83,12 @@ def test_a_rolled_back_change_pushes_nothing(agent_node, gpus, alice, django_cap
 def test_a_broker_outage_keeps_the_booking_and_leaves_the_push_to_beat(
     agent_node, gpus, alice, django_capture_on_commit_callbacks, caplog
 ):
-    pushes._redis.cache_clear()
+    redis_client.cache_clear()
     try:
         with override_settings(REDIS_URL="redis://127.0.0.1:1/0"), django_capture_on_commit_callbacks(execute=True):
             booked = reservation_create(user=alice, gpus=gpus[:1], start=at(1), end=at(2))
     finally:
-        pushes._redis.cache_clear()
+        redis_client.cache_clear()
 
     assert Reservation.objects.filter(pk=booked.pk).exists()
     assert "beat will send it" in caplog.text
