@@ -20,6 +20,18 @@ class User(AbstractUser):
         validators=[validate_unix_username],
         help_text="The account on the GPU nodes that gets access to booked GPUs.",
     )
+    # Where the unix username comes from is UNIX_USERNAME_SOURCE (docs/security.md). With "request",
+    # a researcher proposes one here and it takes effect only once an admin confirms it.
+    unix_username_requested = models.CharField(
+        "requested unix username",
+        max_length=32,
+        blank=True,
+        validators=[validate_unix_username],
+        help_text="Proposed by the researcher; nothing is granted until an admin confirms it.",
+    )
+    # The OpenID Connect subject (issuer-unique, never reassigned): institutional login links on it
+    # rather than on a username or email claim a person may be able to edit at the provider.
+    oidc_sub = models.CharField("OpenID Connect subject", max_length=255, unique=True, null=True, blank=True)
     timezone = models.CharField(
         max_length=64,
         default="UTC",

@@ -20,6 +20,8 @@ class Alert(models.Model):
         LEFTOVER = "leftover", "Processes left after a slot"
         UNKILLABLE = "unkillable", "GPU could not be emptied"
         IDLE = "idle", "Booked GPU left idle"
+        ACCOUNT_REFUSED = "account_refused", "Account refused by a node"
+        JOBS_LATE = "jobs_late", "Periodic jobs late"
 
     kind = models.CharField(max_length=20, choices=Kind.choices)
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="alerts")

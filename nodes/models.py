@@ -211,6 +211,7 @@ class NodeEvent(models.Model):
         UNKILLABLE = "unkillable", "Processes could not be ended"
         DRAIN_CLEARED = "drain_cleared", "GPU emptied after all"
         VIOLATION = "violation", "Use without a booking"
+        LEASE_REFUSED = "lease_refused", "Lease refused: no such ordinary account"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
     gpu = models.ForeignKey(Gpu, on_delete=models.SET_NULL, null=True, blank=True, related_name="events")

@@ -45,6 +45,12 @@ class Reservation(models.Model):
     cancel_reason = models.TextField(blank=True)
     # Set when a running slot is ended early; ``end`` then holds the release time.
     released_at = models.DateTimeField(null=True, blank=True)
+    # A pending extension is a reservation of its own for the added time, pointing at the booking
+    # it extends: it holds the slot while an admin decides, and on approval it is merged into that
+    # booking (docs/booking-rules.md, "Extending").
+    extends = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="extensions", editable=False
+    )
 
     class Meta:
         ordering = ["start", "id"]
