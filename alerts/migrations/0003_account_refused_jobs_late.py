@@ -4,20 +4,45 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('alerts', '0002_alertstreak_drop_bad_at'),
+        ("alerts", "0002_alertstreak_drop_bad_at"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='alert',
-            name='kind',
-            field=models.CharField(choices=[('temperature', 'GPU too hot'), ('ecc', 'Uncorrected ECC errors'), ('offline', 'Node offline'), ('violation', 'Use without a booking'), ('leftover', 'Processes left after a slot'), ('unkillable', 'GPU could not be emptied'), ('idle', 'Booked GPU left idle'), ('account_refused', 'Account refused by a node'), ('jobs_late', 'Periodic jobs late')], max_length=20),
+            model_name="alert",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("temperature", "GPU too hot"),
+                    ("ecc", "Uncorrected ECC errors"),
+                    ("offline", "Node offline"),
+                    ("violation", "Use without a booking"),
+                    ("leftover", "Processes left after a slot"),
+                    ("unkillable", "GPU could not be emptied"),
+                    ("idle", "Booked GPU left idle"),
+                    ("account_refused", "Account refused by a node"),
+                    ("jobs_late", "Periodic jobs late"),
+                ],
+                max_length=20,
+            ),
         ),
         migrations.AlterField(
-            model_name='alertstreak',
-            name='kind',
-            field=models.CharField(choices=[('temperature', 'GPU too hot'), ('ecc', 'Uncorrected ECC errors'), ('offline', 'Node offline'), ('violation', 'Use without a booking'), ('leftover', 'Processes left after a slot'), ('unkillable', 'GPU could not be emptied'), ('idle', 'Booked GPU left idle'), ('account_refused', 'Account refused by a node'), ('jobs_late', 'Periodic jobs late')], max_length=20),
+            model_name="alertstreak",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("temperature", "GPU too hot"),
+                    ("ecc", "Uncorrected ECC errors"),
+                    ("offline", "Node offline"),
+                    ("violation", "Use without a booking"),
+                    ("leftover", "Processes left after a slot"),
+                    ("unkillable", "GPU could not be emptied"),
+                    ("idle", "Booked GPU left idle"),
+                    ("account_refused", "Account refused by a node"),
+                    ("jobs_late", "Periodic jobs late"),
+                ],
+                max_length=20,
+            ),
         ),
     ]

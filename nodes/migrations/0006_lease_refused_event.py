@@ -4,15 +4,33 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('nodes', '0005_gpu_minutes'),
+        ("nodes", "0005_gpu_minutes"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='nodeevent',
-            name='kind',
-            field=models.CharField(choices=[('snapshot_applied', 'Snapshot applied'), ('snapshot_refused', 'Snapshot refused'), ('granted', 'Access granted'), ('revoked', 'Access revoked'), ('grant_failed', 'Grant failed'), ('revoke_failed', 'Revoke failed'), ('acl_error', 'ACL unreadable'), ('store_failed', 'Snapshot not stored on disk'), ('unknown_gpu', 'Unknown GPU in a lease'), ('leftover', 'Leftover processes found'), ('ended', 'Leftover processes ended'), ('unkillable', 'Processes could not be ended'), ('drain_cleared', 'GPU emptied after all'), ('violation', 'Use without a booking'), ('lease_refused', 'Lease refused: no such ordinary account')], max_length=20),
+            model_name="nodeevent",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("snapshot_applied", "Snapshot applied"),
+                    ("snapshot_refused", "Snapshot refused"),
+                    ("granted", "Access granted"),
+                    ("revoked", "Access revoked"),
+                    ("grant_failed", "Grant failed"),
+                    ("revoke_failed", "Revoke failed"),
+                    ("acl_error", "ACL unreadable"),
+                    ("store_failed", "Snapshot not stored on disk"),
+                    ("unknown_gpu", "Unknown GPU in a lease"),
+                    ("leftover", "Leftover processes found"),
+                    ("ended", "Leftover processes ended"),
+                    ("unkillable", "Processes could not be ended"),
+                    ("drain_cleared", "GPU emptied after all"),
+                    ("violation", "Use without a booking"),
+                    ("lease_refused", "Lease refused: no such ordinary account"),
+                ],
+                max_length=20,
+            ),
         ),
     ]
