@@ -39,4 +39,4 @@ COPY deploy/docker-entrypoint /usr/local/bin/docker-entrypoint
 USER portal
 EXPOSE 8000
 ENTRYPOINT ["docker-entrypoint"]
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "portal.asgi:application"]
+CMD ["python", "-m", "portal.serve", "-b", "0.0.0.0", "-p", "8000", "portal.asgi:application"]

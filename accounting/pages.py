@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from accounting.api import DEFAULT_DAYS, demand_payload, report_payload
 from accounting.report import DIMENSIONS
+from portal.fields import validate_day
 
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 DIMENSION_LABELS = {"user": "Person", "group": "Group", "node": "Node", "gpu": "GPU"}
@@ -34,8 +35,12 @@ CSV_COLUMNS = (
 class PeriodForm(forms.Form):
     """Whole days in the reader's zone: from the first day's midnight to the day after the last."""
 
-    start = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}))
-    end = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), label="Until (inclusive)")
+    # validate_day: a day near the calendar's edge overflows once read as midnight in the reader's
+    # zone or moved by a day (portal/fields.py).
+    start = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), validators=[validate_day])
+    end = forms.DateField(
+        widget=forms.DateInput(attrs={"type": "date"}), label="Until (inclusive)", validators=[validate_day]
+    )
     by = forms.ChoiceField(choices=[(d, DIMENSION_LABELS[d]) for d in DIMENSIONS], initial="user", label="Rows")
 
     def clean(self) -> dict[str, Any]:

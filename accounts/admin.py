@@ -1,21 +1,90 @@
-from django.contrib import admin
+from django.conf import settings
+from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
+from django.contrib.auth.forms import UserChangeForm
 
 from accounts.models import ApiToken, User
 
 
+class UnixUsernameRequestFilter(admin.SimpleListFilter):
+    title = "unix username request"
+    parameter_name = "unix_request"
+
+    def lookups(self, request, model_admin):  # type: ignore[no-untyped-def]
+        return [("waiting", "waiting for confirmation")]
+
+    def queryset(self, request, queryset):  # type: ignore[no-untyped-def]
+        return queryset.exclude(unix_username_requested="") if self.value() == "waiting" else queryset
+
+
+class PortalUserChangeForm(UserChangeForm):
+    class Meta(UserChangeForm.Meta):
+        help_texts = {
+            "oidc_sub": (
+                "The person's subject (sub) at the OpenID Connect provider: institutional login finds the account "
+                "by it, never by username or email. Set it to link an existing account, which staff accounts always "
+                "need (a refused login names the subject, as does the log); clear it to unlink."
+            ),
+        }
+
+
 @admin.register(User)
 class UserAdmin(DjangoUserAdmin):
-    list_display = ("username", "unix_username", "email", "first_name", "last_name", "is_staff")
-    search_fields = ("username", "unix_username", "email", "first_name", "last_name")
+    """People. Their unix username is set here as UNIX_USERNAME_SOURCE allows: by admins (``admin``,
+    ``request``, where a researcher's request is confirmed with the action below or on the approvals
+    page) or never (``directory``: it comes from the directory at each login). Deactivating someone
+    ends their bookings (accounts/signals.py, reservations_end_for_inactive_user)."""
+
+    list_display = ("username", "unix_username", "unix_username_requested", "email", "is_active", "is_staff")
+    list_filter = (*DjangoUserAdmin.list_filter, UnixUsernameRequestFilter)
+    search_fields = ("username", "unix_username", "unix_username_requested", "email", "first_name", "last_name")
     fieldsets = (
         *DjangoUserAdmin.fieldsets,
-        ("GPU nodes", {"fields": ("unix_username",)}),
+        ("GPU nodes", {"fields": ("unix_username", "unix_username_requested")}),
+        ("Institutional login", {"fields": ("oidc_sub",)}),
     )
+    form = PortalUserChangeForm
     add_fieldsets = (
         *DjangoUserAdmin.add_fieldsets,
         ("GPU nodes", {"fields": ("unix_username",)}),
     )
+    actions = ["confirm_unix_usernames", "refuse_unix_usernames"]
+
+    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        readonly = [*super().get_readonly_fields(request, obj), "unix_username_requested"]
+        if settings.UNIX_USERNAME_SOURCE == "directory":
+            readonly.append("unix_username")  # never editable in the portal: the directory says
+        return readonly
+
+    def save_model(self, request, obj, form, change):  # type: ignore[no-untyped-def]
+        if obj.unix_username and obj.unix_username == obj.unix_username_requested:
+            obj.unix_username_requested = ""  # the admin typed in what was asked: granted
+        super().save_model(request, obj, form, change)
+
+    @admin.action(description="Confirm the requested unix usernames", permissions=["change"])
+    def confirm_unix_usernames(self, request, queryset):  # type: ignore[no-untyped-def]
+        from accounts.services import UnixUsernameError, unix_username_confirm
+
+        for user in queryset.exclude(unix_username_requested=""):
+            name = user.unix_username_requested
+            try:
+                unix_username_confirm(user=user, name=name, actor=request.user)
+            except UnixUsernameError as error:
+                self.message_user(request, f"{user.get_username()}: {error}", messages.ERROR)
+            else:
+                self.message_user(request, f"{user.get_username()}: unix username {name} confirmed.")
+
+    @admin.action(description="Refuse the requested unix usernames", permissions=["change"])
+    def refuse_unix_usernames(self, request, queryset):  # type: ignore[no-untyped-def]
+        from accounts.services import UnixUsernameError, unix_username_refuse
+
+        for user in queryset.exclude(unix_username_requested=""):
+            try:
+                unix_username_refuse(user=user, actor=request.user, reason="refused in admin")
+            except UnixUsernameError as error:
+                self.message_user(request, f"{user.get_username()}: {error}", messages.ERROR)
+            else:
+                self.message_user(request, f"{user.get_username()}: request refused.")
 
 
 @admin.register(ApiToken)

@@ -6,4 +6,8 @@ class AccountsConfig(AppConfig):
     verbose_name = "Accounts"
 
     def ready(self) -> None:
-        from accounts import schema  # noqa: F401 - registers the OpenAPI auth extension
+        from accounts import (
+            checks,  # noqa: F401 - registers the system checks
+            schema,  # noqa: F401 - registers the OpenAPI auth extension
+            signals,  # noqa: F401 - watches account changes (accounts/signals.py)
+        )

@@ -11,6 +11,7 @@ from rest_framework.request import Request
 
 from accounts.models import ApiToken
 from accounts.services import hash_token
+from accounts.throttling import client_address, token_failure_record, token_throttle_wait
 
 # Writing last_used_at on every request would turn each read into a write; once a minute is enough.
 _LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -40,6 +41,19 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].lower().decode(errors="replace") not in self.keywords:
             return None
+        # Too many failed tokens from this address: refused before the token is even looked at, so a
+        # guesser cannot tell a right token from a wrong one by the answer (accounts/throttling.py).
+        address = client_address(request)
+        wait = token_throttle_wait(address)
+        if wait is not None:
+            raise exceptions.Throttled(wait=wait, detail="Too many failed API tokens from your address.")
+        try:
+            return self._user_for_header(header)
+        except exceptions.AuthenticationFailed:
+            token_failure_record(address)
+            raise
+
+    def _user_for_header(self, header: list[bytes]) -> tuple[Any, ApiToken]:
         if len(header) != 2:
             raise exceptions.AuthenticationFailed("Send the header as 'Authorization: Bearer <token>'.")
         try:

@@ -7,6 +7,7 @@ from typing import Any
 from zoneinfo import available_timezones
 
 from django import forms
+from django.conf import settings
 
 from accounts.models import User
 
@@ -20,7 +21,8 @@ def timezone_names() -> tuple[str, ...]:
 
 
 class ProfileForm(forms.ModelForm):
-    """Unix username (set once by the user, then only by an admin), time zone and reminders."""
+    """Time zone and reminders; with UNIX_USERNAME_SOURCE=request also the unix username the person
+    asks for (an admin confirms it: accounts.services.unix_username_request)."""
 
     remind_before_end_minutes = forms.IntegerField(
         label="Reminder before a slot ends (minutes)",
@@ -28,21 +30,19 @@ class ProfileForm(forms.ModelForm):
         max_value=REMIND_MAX_MINUTES,
         help_text=f"An email this many minutes before the end, 0 to {REMIND_MAX_MINUTES}; 0 means no reminder.",
     )
+    unix_username_requested = forms.CharField(
+        label="Unix username",
+        required=False,
+        max_length=32,
+        help_text="The account on the GPU nodes that gets your booked GPUs, as you log in with ssh. "
+        "An admin confirms each new name (and each change) before any GPU opens for it.",
+    )
 
     class Meta:
         model = User
-        fields = ["unix_username", "timezone", "remind_before_end_minutes"]
-        labels = {"unix_username": "Unix username", "timezone": "Time zone"}
-        help_texts = {
-            "unix_username": "The account on the GPU nodes that gets your booked GPUs, as you log in with ssh. "
-            "You can set it once; after that only an admin can change it.",
-            "timezone": "Pages and emails show times in this zone.",
-        }
-        error_messages = {
-            "unix_username": {
-                "unique": "Another portal account already has this unix username. If it is yours, ask an admin.",
-            },
-        }
+        fields = ["timezone", "remind_before_end_minutes"]
+        labels = {"timezone": "Time zone"}
+        help_texts = {"timezone": "Pages and emails show times in this zone."}
         widgets = {"timezone": forms.Select}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -51,15 +51,26 @@ class ProfileForm(forms.ModelForm):
         current = self.instance.timezone
         choices = names if current in names or not current else (current, *names)
         self.fields["timezone"].widget.choices = [(name, name) for name in choices]
-        if self.instance.unix_username:
-            # It names the account that receives GPUs on the nodes: once set, admins change it.
-            field = self.fields["unix_username"]
-            field.disabled = True
-            field.help_text = "It names your account on the GPU nodes; ask an admin to change it."
+        if self.requests_unix_username and (not self.is_bound or "unix_username_requested" in self.data):
+            # Shown as what stands: the request waiting for an admin, else the confirmed name.
+            self.fields["unix_username_requested"].initial = (
+                self.instance.unix_username_requested or self.instance.unix_username or ""
+            )
+        else:
+            del self.fields["unix_username_requested"]
 
     @property
-    def unix_username_locked(self) -> bool:
-        return self.fields["unix_username"].disabled
+    def requests_unix_username(self) -> bool:
+        return settings.UNIX_USERNAME_SOURCE == "request"
+
+    def unix_username_asked(self) -> str | None:
+        """The name to request after a valid POST, or None when the field did not change."""
+        if not self.requests_unix_username or "unix_username_requested" not in self.changed_data:
+            return None
+        return self.cleaned_data["unix_username_requested"].strip()
+
+    def profile_changes(self) -> dict[str, Any]:
+        return {name: self.cleaned_data[name] for name in self.changed_data if name in self._meta.fields}
 
 
 class TokenForm(forms.Form):

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -20,7 +20,16 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.forms import ProfileForm, TokenForm
 from accounts.models import ApiToken, User
-from accounts.services import UnixUsernameTaken, api_token_create, api_token_revoke, user_profile_update
+from accounts.services import (
+    UnixUsernameError,
+    api_token_create,
+    api_token_revoke,
+    unix_username_confirm,
+    unix_username_refuse,
+    unix_username_request,
+    user_profile_update,
+    who_sets_unix_usernames,
+)
 from feeds.selectors import feed_listing
 from feeds.services import feed_urls_rotate
 
@@ -44,19 +53,33 @@ def profile(request: HttpRequest) -> HttpResponse:
 
 
 def _save_profile(form: ProfileForm, *, actor: Any) -> bool:
-    """Save through the service; False (with the reason on the field) if the username was taken meanwhile."""
-    changes = {name: form.cleaned_data[name] for name in form.changed_data}
-    try:
-        user_profile_update(user=form.instance, changes=changes, actor=actor)
-    except UnixUsernameTaken as error:
-        form.add_error("unix_username", str(error))
-        return False
+    """Save through the services; False (with the reason on the field) if the unix username is
+    refused. The other settings are saved only when it is not, so nothing is half-saved."""
+    asked = form.unix_username_asked()
+    if asked is not None:
+        try:
+            unix_username_request(user=form.instance, name=asked, actor=actor)
+        except UnixUsernameError as error:
+            form.add_error("unix_username_requested", str(error))
+            return False
+    user_profile_update(user=form.instance, changes=form.profile_changes(), actor=actor)
     return True
 
 
+_LABELS = {"timezone": "time zone", "remind_before_end_minutes": "reminder"}
+
+
 def _describe(form: ProfileForm) -> str:
-    labels = {"unix_username": "unix username", "timezone": "time zone", "remind_before_end_minutes": "reminder"}
-    return ", ".join(f"{labels[name]} {form.cleaned_data[name]}" for name in form.changed_data)
+    parts = []
+    for name in form.changed_data:
+        value = form.cleaned_data[name]
+        if name != "unix_username_requested":
+            parts.append(f"{_LABELS[name]} {value}")
+        elif form.instance.unix_username_requested:
+            parts.append(f"unix username {value.strip()} requested: an admin confirms it before any GPU opens for it")
+        else:
+            parts.append("unix username request withdrawn")
+    return ", ".join(parts)
 
 
 @login_required
@@ -121,5 +144,28 @@ def _render(
         "me_url": request.build_absolute_uri(reverse("api:me")),
         "feeds": feeds.feeds,
         "feeds_rotated_at": feeds.rotated_at,
+        "who_sets_unix_usernames": who_sets_unix_usernames(),
     }
     return render(request, "accounts/profile.html", context)
+
+
+@login_required
+@require_POST
+def unix_username_decide(request: HttpRequest, pk: int, decision: str) -> HttpResponse:
+    """An admin confirms or refuses a person's unix username request (the approvals page)."""
+    if decision not in ("confirm", "refuse"):
+        raise Http404(f"No decision {decision!r}.")
+    if not request.user.is_booking_admin:
+        return HttpResponseForbidden("Only admins confirm unix usernames.")
+    user = get_object_or_404(User, pk=pk)
+    name = request.POST.get("name", "")
+    try:
+        if decision == "confirm":
+            unix_username_confirm(user=user, name=name, actor=request.user)
+            messages.success(request, f"{user.get_username()}'s unix username is now {name}: their GPUs open for it.")
+        else:  # refuse
+            unix_username_refuse(user=user, actor=request.user, reason=request.POST.get("reason", ""))
+            messages.success(request, f"{user.get_username()}'s request for {name!r} refused.")
+    except UnixUsernameError as error:
+        messages.error(request, f"{user.get_username()}: {error}")
+    return redirect(f"{reverse('pending-approvals')}#unix-usernames-h")

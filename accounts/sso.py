@@ -11,10 +11,13 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 from django.urls import reverse
+from django.utils import timezone
 
 from accounts.models import User
+from accounts.throttling import login_lockout
 from accounts.validators import validate_unix_username
 
 
@@ -30,10 +33,32 @@ def refusal(user_label: str, error: ValidationError) -> str:
     return f"Institutional login refused for {user_label}: {' '.join(error.messages)} Ask an administrator."
 
 
+class LoginForm(AuthenticationForm):
+    """Django's login form, saying so when a lockout refused the attempt (accounts/throttling.py) and
+    until when, in place of "do not match"."""
+
+    error_messages = {
+        **AuthenticationForm.error_messages,
+        "invalid_login": "That username and password do not match. Try again.",
+    }
+
+    def clean(self) -> dict[str, Any]:
+        try:
+            return super().clean()
+        except ValidationError:
+            if not getattr(self.request, "axes_locked_out", False):
+                raise
+            # The middleware answers 429 with this page (and Retry-After) rather than a page of its own.
+            self.request.login_lockout_shown = True  # type: ignore[union-attr]
+            message = login_lockout(self.request).message(timezone.now())  # type: ignore[arg-type]
+            raise ValidationError(message, code="locked_out") from None
+
+
 class LoginView(auth_views.LoginView):
     """The password form, plus an "institutional login" button when OpenID Connect is configured.
     (LDAP accounts use the password form itself.)"""
 
+    authentication_form = LoginForm
     redirect_authenticated_user = True
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:

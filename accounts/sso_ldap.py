@@ -1,7 +1,8 @@
 """LDAP login (django-auth-ldap): the password form checks the password against the directory,
 creates or updates the user from its entry (names and mail through AUTH_LDAP_USER_ATTR_MAP, staff
-from LDAP_STAFF_GROUP), and takes the unix username from ``LDAP_UNIX_USERNAME_ATTR`` (default
-``uid``), refused unless it passes the portal's rule (accounts.validators)."""
+from LDAP_STAFF_GROUP), and, with UNIX_USERNAME_SOURCE=directory (the default when LDAP is on), takes
+the unix username from ``LDAP_UNIX_USERNAME_ATTR`` (default ``uid``), refused unless it passes the
+portal's rule (accounts.validators)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ class PortalLDAPBackend(LDAPBackend):
 
 @receiver(populate_user, sender=PortalLDAPBackend)
 def take_unix_username(sender: type, user: User, ldap_user: Any, **kwargs: Any) -> None:
+    if settings.UNIX_USERNAME_SOURCE != "directory":
+        return  # an admin sets or confirms it (docs/security.md, "Who sets the unix username")
     values = ldap_user.attrs.get(settings.LDAP_UNIX_USERNAME_ATTR) or []
     if not values:
         return

@@ -1,12 +1,22 @@
-"""OpenID Connect login (mozilla-django-oidc): a user is created or updated from the provider's
-claims at each login.
+"""OpenID Connect login (mozilla-django-oidc): accounts are linked on the provider's subject.
 
-- The portal username is the ``OIDC_USERNAME_CLAIM`` claim (default ``preferred_username``); an
-  account with that username is the same person. Failing that, an account whose email matches is,
-  but only when the provider says the email is verified (``email_verified: true``): an unverified
-  email is never used to match and never stored.
-- The unix username comes from ``OIDC_UNIX_USERNAME_CLAIM`` and must pass the portal's rule
-  (accounts.validators): ``root`` or ``../x`` refuses the login with a message saying why.
+- An account is found by its stored subject (``User.oidc_sub``): the ID token's ``sub``, which the
+  provider never reassigns and the person cannot edit. The username and email claims are never used
+  to find an account: a renamed ``preferred_username`` or a new email at the provider still lands on
+  the same account, and claiming somebody else's username lands on nobody's.
+- A subject the portal has not seen before gets a new account, named by the ``OIDC_USERNAME_CLAIM``
+  claim (default ``preferred_username``). When an account of that name exists already it is linked
+  only if nothing but an earlier institutional login can have made it: no subject stored yet, no
+  usable password (a local account's owner has a password; an admin links such accounts), and not
+  staff or superuser. Anything else is refused with a message saying to ask an administrator, who
+  links the account by setting its OpenID Connect subject in Django admin (the message and the log
+  name the subject). An existing staff account is never linked automatically.
+- The userinfo answer must be about the ID token's subject (OpenID Connect Core 5.3.2).
+- Email is stored only when the provider says it is verified (``email_verified: true``).
+- With UNIX_USERNAME_SOURCE=directory (the default when OIDC is on with ``OIDC_UNIX_USERNAME_CLAIM``
+  named), the unix username comes from that claim, which has no default (an editable username claim
+  would let people rename themselves into a colleague's node account), and must pass the portal's
+  rule (accounts.validators): ``root`` or ``../x`` refuses the login with a message saying why.
 - With ``OIDC_STAFF_GROUPS`` set, staff (booking admins) are exactly the members of those groups
   in the ``OIDC_GROUPS_CLAIM`` claim.
 """
@@ -14,18 +24,20 @@ claims at each login.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import SuspiciousOperation, ValidationError
-from django.db.models import QuerySet
+from django.db import IntegrityError, transaction
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from accounts.models import User
 from accounts.sso import check_unix_username, refusal
 
 logger = logging.getLogger(__name__)
+
+_SUBJECT_MAX_LENGTH = User._meta.get_field("oidc_sub").max_length
 
 
 def _verified_email(claims: dict[str, Any]) -> str:
@@ -39,23 +51,56 @@ class PortalOIDCBackend(OIDCAuthenticationBackend):
     def verify_claims(self, claims: dict[str, Any]) -> bool:
         return isinstance(claims.get(settings.OIDC_USERNAME_CLAIM), str)
 
-    def filter_users_by_claims(self, claims: dict[str, Any]) -> QuerySet[User]:
-        users = User.objects.filter(username=claims[settings.OIDC_USERNAME_CLAIM])
-        email = _verified_email(claims)
-        if users.exists() or not email:
-            return users
-        return User.objects.filter(email__iexact=email)
-
-    def describe_user_by_claims(self, claims: dict[str, Any]) -> str:
-        return f"username {claims.get(settings.OIDC_USERNAME_CLAIM)!r}"
-
-    def create_user(self, claims: dict[str, Any]) -> User:
-        user = User(username=claims[settings.OIDC_USERNAME_CLAIM])
-        user.set_unusable_password()
+    def get_or_create_user(self, access_token: str, id_token: str, payload: dict[str, Any]) -> User:
+        """The account of the ID token's subject (``payload`` is the verified ID token), created or
+        linked on its first login; SuspiciousOperation, with a message for the person, refuses."""
+        claims = self.get_userinfo(access_token, id_token, payload)
+        subject = payload.get("sub")
+        if not isinstance(subject, str) or not subject or len(subject) > _SUBJECT_MAX_LENGTH:
+            self._refuse(
+                "Institutional login refused: the provider sent no usable subject (sub). Ask an administrator."
+            )
+        if claims.get("sub") != subject:
+            self._refuse("Institutional login refused: the provider's answers were about two people. Try again.")
+        if not self.verify_claims(claims):
+            self._refuse(
+                f"Institutional login refused: the provider sent no {settings.OIDC_USERNAME_CLAIM} claim. "
+                "Ask an administrator."
+            )
+        user = User.objects.filter(oidc_sub=subject).first()
+        if user is None:
+            user = self._first_login(subject, claims)
         return self._save_from_claims(user, claims)
 
     def update_user(self, user: User, claims: dict[str, Any]) -> User:
         return self._save_from_claims(user, claims)
+
+    def _first_login(self, subject: str, claims: dict[str, Any]) -> User:
+        """A new account for a subject seen for the first time, or the one earlier institutional login
+        made under its username before subjects were stored (see the module's docstring)."""
+        username = claims[settings.OIDC_USERNAME_CLAIM]
+        existing = User.objects.filter(username=username).first()
+        if existing is None:
+            user = User(username=username, oidc_sub=subject)
+            user.set_unusable_password()
+            return user
+        staff = existing.is_staff or existing.is_superuser
+        if existing.oidc_sub is None and not existing.has_usable_password() and not staff:
+            logger.info("OIDC subject %r linked to the existing account %r on its first login", subject, username)
+            existing.oidc_sub = subject
+            return existing
+        message = (
+            f"Institutional login refused for {username!r}: the portal account {username!r} is not linked to "
+            f"your institutional identity. Ask an administrator to link it: in Django admin, they set the "
+            f"account's OpenID Connect subject to {subject!r}."
+        )
+        logger.warning(message)
+        self._refuse(message)
+
+    def _refuse(self, message: str) -> NoReturn:
+        if getattr(self, "request", None) is not None:
+            messages.error(self.request, message)
+        raise SuspiciousOperation(message)  # the library logs it and refuses the login
 
     def _save_from_claims(self, user: User, claims: dict[str, Any]) -> User:
         try:
@@ -64,19 +109,20 @@ class PortalOIDCBackend(OIDCAuthenticationBackend):
                 if len(user.username) > User._meta.get_field("username").max_length:
                     raise ValidationError(f"the username {user.username[:20]!r}… is too long.")
             unix_username = claims.get(settings.OIDC_UNIX_USERNAME_CLAIM)
-            if unix_username is not None:
+            if unix_username is not None and settings.UNIX_USERNAME_SOURCE == "directory":
                 check_unix_username(user, str(unix_username))
                 user.unix_username = str(unix_username)
         except ValidationError as error:
-            message = refusal(repr(claims.get(settings.OIDC_USERNAME_CLAIM)), error)
-            if getattr(self, "request", None) is not None:
-                messages.error(self.request, message)
-            raise SuspiciousOperation(message) from None  # the library logs it and refuses the login
+            self._refuse(refusal(repr(user.username), error))
         user.first_name = str(claims.get("given_name", user.first_name))[:150]
         user.last_name = str(claims.get("family_name", user.last_name))[:150]
         user.email = _verified_email(claims) or user.email
         if settings.OIDC_STAFF_GROUPS:
             groups = claims.get(settings.OIDC_GROUPS_CLAIM) or []
             user.is_staff = bool(set(settings.OIDC_STAFF_GROUPS) & set(groups))
-        user.save()
+        try:
+            with transaction.atomic():
+                user.save()
+        except IntegrityError:  # the same subject or username saved by a login running at the same moment
+            self._refuse(f"Institutional login for {user.username!r} collided with another one. Try again.")
         return user

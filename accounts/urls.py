@@ -11,6 +11,11 @@ urlpatterns = [
     path("profile/tokens/", pages.token_create, name="token-create"),
     path("profile/tokens/<int:pk>/revoke/", pages.token_revoke, name="token-revoke"),
     path("profile/feeds/rotate/", pages.feeds_rotate, name="feeds-rotate"),
+    path(
+        "people/<int:pk>/unix-username/<slug:decision>/",
+        pages.unix_username_decide,
+        name="unix-username-decide",
+    ),
 ]
 
 if settings.OIDC_ENABLED:  # institutional login over OpenID Connect (accounts/sso_oidc.py)

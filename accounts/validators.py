@@ -1,15 +1,17 @@
-"""Validators of user fields. The unix username rule itself lives in ``nodes.agent.usernames``,
-shared with the node agent (which imports nothing from Django)."""
+"""Validators of user fields. The unix username's syntax lives in ``nodes.agent.usernames``,
+shared with the node agent (which imports nothing from Django); which names are refused outright
+is a setting (UNIX_USERNAME_DENYLIST)."""
 
 from __future__ import annotations
 
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 
 # One rule for both sides: the agent's module is plain Python, so the portal imports it (as it
 # does the snapshot signing) rather than keeping a copy.
-from nodes.agent.usernames import RESERVED_UNIX_USERNAMES, UNIX_USERNAME_RE
+from nodes.agent.usernames import UNIX_USERNAME_RE
 
 
 def validate_unix_username(value: str) -> None:
@@ -20,9 +22,9 @@ def validate_unix_username(value: str) -> None:
             code="invalid_unix_username",
             params={"value": value},
         )
-    if value in RESERVED_UNIX_USERNAMES:
+    if value in settings.UNIX_USERNAME_DENYLIST:
         raise ValidationError(
-            "%(value)r is a system account and cannot be given GPUs.",
+            "%(value)r is a system or service account and cannot be given GPUs.",
             code="reserved_unix_username",
             params={"value": value},
         )

@@ -1,5 +1,6 @@
 """Alerts in admin: every alert, open and resolved, filtered by kind, state and node; "Resolve" for
-what needs a person (a drained GPU goes back to service through it)."""
+what needs a person (a drained GPU goes back to service through it). And the periodic jobs, with
+their last success (read-only: the worker writes them)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 
-from alerts.models import Alert
+from alerts.jobs import job_states
+from alerts.models import Alert, PeriodicJob
 from alerts.selectors import alert_summary
 from alerts.services import alert_resolve_by_admin
 
@@ -31,7 +34,7 @@ class OpenFilter(admin.SimpleListFilter):
 
 @admin.register(Alert)
 class AlertAdmin(admin.ModelAdmin):
-    list_display = ("kind", "node", "gpu", "username", "summary", "opened_at", "resolved_at", "is_open", "notified_at")
+    list_display = ("kind", "node", "gpu", "username", "summary", "opened_at", "resolved_at", "is_open", "mailed_at")
     list_filter = (OpenFilter, "kind", "node")
     list_select_related = ("node", "gpu")
     search_fields = ("node__name", "username")
@@ -54,3 +57,28 @@ class AlertAdmin(admin.ModelAdmin):
     def resolve(self, request: HttpRequest, queryset: QuerySet[Alert]) -> None:
         done = sum(alert_resolve_by_admin(alert=alert, actor=request.user) for alert in queryset.select_related("gpu"))
         messages.success(request, f"{done} alert(s) resolved.")
+
+
+@admin.register(PeriodicJob)
+class PeriodicJobAdmin(admin.ModelAdmin):
+    list_display = ("name", "task", "every", "last_success_at", "late", "watched_since")
+    readonly_fields = ("name", "task", "last_success_at", "watched_since")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def _state(self, job: PeriodicJob) -> Any:
+        return next((state for state in job_states(now=timezone.now()) if state.name == job.name), None)
+
+    @admin.display(description="every")
+    def every(self, job: PeriodicJob) -> str:
+        state = self._state(job)
+        return f"{state.period.total_seconds():.0f} s" if state else "not in the schedule any more"
+
+    @admin.display(boolean=True, description="late")
+    def late(self, job: PeriodicJob) -> bool | None:
+        state = self._state(job)
+        return state.is_late(timezone.now()) if state else None

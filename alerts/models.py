@@ -1,6 +1,7 @@
-"""Alerts for admins: a record per condition (a hot GPU, an offline node, a violation...), open
-while it lasts, then resolved; and the streaks that decide when a condition read from telemetry
-becomes an alert (alerts/services.py)."""
+"""Alerts for admins: a record per condition (a hot GPU, an offline node, a violation, periodic
+jobs late...), open while it lasts, then resolved; the streaks that decide when a condition read
+from telemetry becomes an alert (alerts/services.py); and the periodic jobs' last successes
+(alerts/jobs.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ class Alert(models.Model):
         JOBS_LATE = "jobs_late", "Periodic jobs late"
 
     kind = models.CharField(max_length=20, choices=Kind.choices)
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="alerts")
+    # None for an alert about the portal itself (periodic jobs late).
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, null=True, blank=True, related_name="alerts")
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, null=True, blank=True, related_name="alerts")
     # The person concerned, as the agent names them (a unix username: it may have no portal account),
     # and their portal account when there is one.
@@ -43,10 +45,13 @@ class Alert(models.Model):
     )
     resolution = models.CharField(max_length=200, blank=True)
     details = models.JSONField(default=dict, blank=True, help_text="The readings or events behind it.")
-    # Staff mail: set (compare-and-swap) when the alert went out, alone or in a summary; the alerts
-    # of one mail share ``mail_id``. Unset while the hourly rate limit holds it back.
+    # Staff mail: claimed (a compare-and-swap on ``notified_at``) for a mail, alone or in a summary;
+    # the alerts of one mail share ``mail_id``. Unset while the hourly rate limit holds it back.
+    # ``mailed_at`` is set once the mail went: a claim without it that is older than
+    # NOTIFY_CLAIM_SECONDS belonged to a sender that died, and the mail goes again.
     notified_at = models.DateTimeField(null=True, blank=True)
     mail_id = models.UUIDField(null=True, blank=True, editable=False)
+    mailed_at = models.DateTimeField(null=True, blank=True)
     # Idle booked GPUs: the holder's mail, and the automatic release (IDLE_AUTO_RELEASE_MINUTES).
     holder_notified_at = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
@@ -56,10 +61,10 @@ class Alert(models.Model):
         constraints = [
             # At most one open alert per (kind, node, GPU, person): two evaluations at once cannot
             # open it twice. COALESCE because NULLs are distinct in a unique index (an offline
-            # alert has no GPU), on PostgreSQL and SQLite alike.
+            # alert has no GPU, a jobs-late alert no node), on PostgreSQL and SQLite alike.
             models.UniqueConstraint(
                 "kind",
-                "node",
+                Coalesce("node", 0),
                 Coalesce("gpu", 0),
                 "username",
                 condition=models.Q(resolved_at__isnull=True),
@@ -72,7 +77,9 @@ class Alert(models.Model):
         ]
 
     def __str__(self) -> str:
-        where = f"{self.node.name}/GPU {self.gpu.index}" if self.gpu else self.node.name
+        where = self.node.name if self.node else "the portal"
+        if self.gpu:
+            where = f"{where}/GPU {self.gpu.index}"
         who = f" ({self.username})" if self.username else ""
         return f"{self.get_kind_display()}: {where}{who}"
 
@@ -101,3 +108,20 @@ class AlertStreak(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} on GPU {self.gpu_id}: {self.count}"
+
+
+class PeriodicJob(models.Model):
+    """An entry of beat's schedule (portal/celery.py), by its name: when a run of it beat started
+    last succeeded (recorded by the worker, alerts/jobs.py), and since when the portal watches it (a
+    job that never succeeded is late counting from then)."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    task = models.CharField(max_length=200, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    watched_since = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

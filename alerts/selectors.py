@@ -45,6 +45,8 @@ def alert_summary(alert: Alert) -> str:
         return f"{last.get('ecc_errors_uncorrected')} uncorrected ECC errors"
     if alert.kind == Alert.Kind.OFFLINE:
         return "its agent stopped reporting"
+    if alert.kind == Alert.Kind.JOBS_LATE:
+        return "; ".join(_job_late(job) for job in details.get("jobs") or []) or "periodic jobs stopped running"
     if alert.kind == Alert.Kind.IDLE:
         return (
             f"under {details.get('limit_pct')} % for {details.get('minutes')} minutes "
@@ -57,13 +59,31 @@ def alert_summary(alert: Alert) -> str:
     return text
 
 
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} days"
+
+
+def _job_late(job: dict[str, Any]) -> str:
+    """One late job as the summary names it: "send-due-mail (every 1 min): no success for 12 min"."""
+    waited = _duration(job.get("waited_seconds") or 0)
+    since = "no success for" if job.get("last_success_at") else "never succeeded in"
+    return f"{job.get('name')} (every {_duration(job.get('period_seconds') or 0)}): {since} {waited}"
+
+
 def alert_data(alert: Alert) -> dict[str, Any]:
-    """An alert as the admins' status page and the staff mail show it."""
+    """An alert as the admins' status page and the staff mail show it. ``node`` is None for an alert
+    about the portal itself (periodic jobs late)."""
     return {
         "id": alert.pk,
         "kind": alert.kind,
         "label": alert.get_kind_display(),
-        "node": alert.node.name,
+        "node": alert.node.name if alert.node else None,
         "gpu": alert.gpu.index if alert.gpu else None,
         "user": alert.username,
         "open": alert.resolved_at is None,
@@ -71,7 +91,7 @@ def alert_data(alert: Alert) -> dict[str, Any]:
         "last_bad_at": _iso(alert.last_bad_at),
         "resolved_at": _iso(alert.resolved_at),
         "resolution": alert.resolution,
-        "mailed": alert.notified_at is not None,
+        "mailed": alert.mailed_at is not None,
         "summary": alert_summary(alert),
         "admin_url": reverse("admin:alerts_alert_change", args=[alert.pk]),
     }

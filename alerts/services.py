@@ -12,11 +12,17 @@ Where alerts come from (each hook is a call from the code that already knows):
 - ``nodes.status.refresh_status`` -> ``alerts_nodes_offline``: a node just marked offline; its next
   report resolves it (``alerts_node_online``).
 - beat -> ``alerts_check_idle``: booked GPUs idle for ALERT_IDLE_MINUTES: the holder is told, and
-  with IDLE_AUTO_RELEASE_MINUTES set the booking is released.
+  with IDLE_AUTO_RELEASE_MINUTES set the booking is released. Both mails go through the mail outbox
+  (notifications/), written in the transaction that decides them.
+- ``nodes.reports.agent_heartbeat_record`` -> ``alerts_check_jobs_if_due``: a periodic job of beat's
+  schedule more than three periods late (alerts/jobs.py) opens "periodic jobs late", an alert with no
+  node; it resolves once they all ran again. Heartbeats, not beat, check: beat may be what died.
 
 Staff mail (``alerts_mail_staff``) runs after an alert opens and on every beat: every alert is
-mailed once (a compare-and-swap on ``notified_at``), at most ALERT_MAILS_PER_KIND_PER_HOUR mails per
-kind per hour; past that, alerts wait and go together in one summary once the hour allows.
+mailed at least once (claimed by a compare-and-swap on ``notified_at``, confirmed by ``mailed_at``;
+a claim left by a sender that died is taken again after NOTIFY_CLAIM_SECONDS), at most
+ALERT_MAILS_PER_KIND_PER_HOUR mails per kind per hour; past that, alerts wait and go together in one
+summary once the hour allows.
 """
 
 from __future__ import annotations
@@ -37,13 +43,17 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
+from alerts.jobs import job_states
 from alerts.models import Alert, AlertStreak
 from alerts.selectors import alert_data
 from audit.services import audit_record
 from live import broadcast
 from nodes.models import AgentState, Gpu, GpuMinute, GpuTelemetry, Node, NodeEvent
 from nodes.usage import busy_minutes
+from notifications.hooks import send_after_commit
 from notifications.mail import send_templated
+from notifications.models import Kind as MailKind
+from notifications.services import notification_enqueue
 from portal.locks import advisory_xact_lock
 from reservations.models import Allocation, Reservation
 
@@ -69,7 +79,7 @@ PORTAL = SimpleNamespace(pk=None, is_booking_admin=True)
 @dataclass(frozen=True)
 class Subject:
     kind: str
-    node_id: int
+    node_id: int | None  # None: the portal itself (periodic jobs late)
     gpu_id: int | None = None
     username: str = ""
 
@@ -262,8 +272,8 @@ def alerts_evaluate_readings(*, node: Node, readings: Sequence[GpuTelemetry], no
 
 
 def alerts_from_events(*, node: Node, events: Iterable[NodeEvent], now: datetime) -> None:
-    """Violations, leftovers and unkillable processes open an alert at once (one per GPU and user
-    while open); "ended" and "emptied after all" resolve them."""
+    """Violations, leftovers, unkillable processes and refused accounts open an alert at once (one
+    per GPU and user while open); "ended", "emptied after all" and a later grant resolve them."""
     for event in events:
         kind = EVENT_KINDS.get(event.kind)  # type: ignore[call-overload]
         subject_user = event.user[:32]
@@ -286,6 +296,24 @@ def alerts_from_events(*, node: Node, events: Iterable[NodeEvent], now: datetime
         elif event.kind == NodeEvent.Kind.DRAIN_CLEARED:
             alerts_resolve(
                 Subject(Kind.UNKILLABLE, node.pk, event.gpu_id).open_alerts(), now=now, resolution="the GPU was emptied"
+            )
+        elif event.kind == NodeEvent.Kind.LEASE_REFUSED:
+            # The node will not give this account a GPU (no such account there, or a system one):
+            # the booking holds its slot but opens nothing, so an admin must fix the binding.
+            alert_open(
+                subject=Subject(Kind.ACCOUNT_REFUSED, node.pk, None, subject_user),
+                now=now,
+                details=_event_details(event),
+                # The node names the booking; only one of its own is linked (a node reports for itself).
+                reservation_id=Reservation.objects.filter(pk=event.reservation_id, node=node)
+                .values_list("pk", flat=True)
+                .first(),
+            )
+        elif event.kind == NodeEvent.Kind.GRANTED and subject_user:
+            alerts_resolve(
+                Subject(Kind.ACCOUNT_REFUSED, node.pk, None, subject_user).open_alerts(),
+                now=now,
+                resolution="the node gave that account a GPU after all",
             )
 
 
@@ -332,6 +360,55 @@ def alerts_nodes_offline(*, node_ids: Sequence[int], now: datetime) -> None:
 def alerts_node_online(*, node: Node, now: datetime) -> None:
     """The node reported again (cheap: runs only when a node comes back)."""
     alerts_resolve(Subject(Kind.OFFLINE, node.pk).open_alerts(), now=now, resolution="the node reported again")
+
+
+# --- periodic jobs late ---------------------------------------------------------------------------
+
+JOBS_LATE = Subject(Kind.JOBS_LATE, None)
+# When this process last checked (alerts_check_jobs_if_due): a heartbeat every few seconds per node
+# must not cost a query each.
+_jobs_checked_at: datetime | None = None
+
+
+def alerts_check_jobs_if_due(*, now: datetime) -> None:
+    """``alerts_check_jobs``, at most every JOBS_LATE_CHECK_SECONDS in this process. Called by every
+    agent heartbeat; a failure is logged and never fails the heartbeat."""
+    global _jobs_checked_at
+    checked = _jobs_checked_at
+    if checked is not None and checked <= now < checked + timedelta(seconds=settings.JOBS_LATE_CHECK_SECONDS):
+        return
+    _jobs_checked_at = now
+    try:
+        with transaction.atomic():
+            alerts_check_jobs(now=now)
+    except Exception:
+        logger.exception("could not check the periodic jobs")
+
+
+def alerts_check_jobs(*, now: datetime) -> Alert | None:
+    """Open "periodic jobs late" while any job of beat's schedule is late (alerts/jobs.py), naming
+    them, and resolve it once none is. Returns the alert if this call opened it. Two queries when all
+    is well."""
+    late = [state for state in job_states(now=now, watch_new=True) if state.is_late(now)]
+    if not late:
+        alerts_resolve(JOBS_LATE.open_alerts(), now=now, resolution="the periodic jobs ran again")
+        return None
+    details = {
+        "jobs": [
+            {
+                "name": state.name,
+                "task": state.task,
+                "period_seconds": state.period.total_seconds(),
+                "last_success_at": state.last_success_at.isoformat() if state.last_success_at else None,
+                "waited_seconds": round(state.waited(now).total_seconds()),  # type: ignore[union-attr]
+            }
+            for state in late
+        ]
+    }
+    # Open already: which jobs are late may have changed.
+    if JOBS_LATE.open_alerts().update(last_bad_at=now, details=details):
+        return None
+    return alert_open(subject=JOBS_LATE, now=now, details=details)
 
 
 # --- idle booked GPUs -----------------------------------------------------------------------------
@@ -415,7 +492,8 @@ def alerts_check_idle(*, now: datetime) -> IdleRun:
 
 
 def _tell_idle_holders(now: datetime) -> list[int]:
-    """One mail per booking, naming its idle GPUs; each GPU of a booking is told about once."""
+    """One mail per booking naming its idle GPUs; each GPU of a booking is told about once. The mail
+    is written to the outbox in the transaction that marks its alerts told, so it goes at least once."""
     pending = list(
         Alert.objects.filter(
             kind=Kind.IDLE, resolved_at__isnull=True, holder_notified_at__isnull=True, reservation__isnull=False
@@ -428,44 +506,44 @@ def _tell_idle_holders(now: datetime) -> list[int]:
     )
     by_reservation: dict[int, list[Alert]] = defaultdict(list)
     for alert in pending:
-        claim = Alert.objects.filter(pk=alert.pk, holder_notified_at__isnull=True)
-        if (alert.reservation_id, alert.gpu_id) in told_before:
-            claim.update(holder_notified_at=now)  # this GPU of this booking was told once already
-        elif claim.update(holder_notified_at=now):
-            by_reservation[alert.reservation_id].append(alert)  # type: ignore[index]
+        by_reservation[alert.reservation_id].append(alert)  # type: ignore[index]
     told = []
-    for alerts in by_reservation.values():
-        reservation = alerts[0].reservation
-        assert reservation is not None
-        try:
-            if reservation.user.email:
-                send_templated(to=[reservation.user.email], template="alert_idle", context=_idle_context(alerts, now))
-        except Exception:
-            # Give the claims back: the next run tries again.
-            Alert.objects.filter(pk__in=[a.pk for a in alerts], holder_notified_at=now).update(holder_notified_at=None)
-            logger.exception("idle mail for reservation %s not sent", reservation.pk)
-            continue
-        told.append(reservation.pk)
+    for reservation_id, alerts in by_reservation.items():
+        with transaction.atomic():
+            fresh = []
+            for alert in alerts:
+                claim = Alert.objects.filter(pk=alert.pk, holder_notified_at__isnull=True)
+                if (reservation_id, alert.gpu_id) in told_before:
+                    claim.update(holder_notified_at=now)  # this GPU of this booking was told once already
+                elif claim.update(holder_notified_at=now):
+                    fresh.append(alert)
+            if not fresh:
+                continue
+            reservation = fresh[0].reservation
+            assert reservation is not None
+            notification_enqueue(
+                kind=MailKind.IDLE,
+                reservation=reservation,
+                users=[reservation.user],
+                moment=now,
+                context=_idle_mail_context(fresh, now),
+            )
+            send_after_commit(reservation_id)
+        told.append(reservation_id)
     return told
 
 
-def _idle_context(alerts: list[Alert], now: datetime) -> dict[str, Any]:
-    from reservations.timegrid import format_moment
-
-    reservation = alerts[0].reservation
-    assert reservation is not None
+def _idle_mail_context(alerts: list[Alert], now: datetime) -> dict[str, Any]:
+    """What an idle mail says (JSON, kept with the mail in the outbox; notifications renders it)."""
     auto = settings.IDLE_AUTO_RELEASE_MINUTES
+    gpus = sorted(a.gpu.index for a in alerts if a.gpu is not None)
     return {
-        "user": reservation.user,
-        "reservation": reservation,
-        "node": alerts[0].node,
-        "gpus": [a.gpu for a in alerts],
-        "gpu_list": ", ".join(f"GPU {a.gpu.index}" for a in alerts if a.gpu is not None),
+        "gpus": gpus,
+        "gpu_list": ", ".join(f"GPU {index}" for index in gpus),
         "minutes": settings.ALERT_IDLE_MINUTES,
         "limit_pct": settings.ALERT_IDLE_UTILIZATION_PCT,
-        "end": format_moment(reservation.end),
         "release_minutes": auto,
-        "release_at": format_moment(now + timedelta(minutes=auto)) if auto > 0 else "",
+        "release_at": (now + timedelta(minutes=auto)).isoformat() if auto > 0 else "",
     }
 
 
@@ -485,7 +563,7 @@ def _release_idle(now: datetime) -> list[int]:
         if reservation is None:
             continue
         gpus = set(reservation.allocations.filter(active=True).values_list("gpu_id", flat=True))
-        alerts = list(due.filter(reservation_id=reservation_id))
+        alerts = list(due.filter(reservation_id=reservation_id).select_related("gpu"))
         if {a.gpu_id for a in alerts} != gpus:
             continue  # some of its GPUs are in use: the booking stays
         minutes, pct = settings.ALERT_IDLE_MINUTES, settings.ALERT_IDLE_UTILIZATION_PCT
@@ -499,24 +577,23 @@ def _release_idle(now: datetime) -> list[int]:
                 transaction.set_rollback(True)  # another run is releasing it
                 continue
             try:
-                reservation_release(reservation=reservation, actor=PORTAL)
+                ended = reservation_release(reservation=reservation, actor=PORTAL)
             except BookingError as exc:  # ended or released meanwhile: nothing to take back
                 logger.info("idle booking %s not released: %s", reservation_id, exc)
                 alerts_resolve(Alert.objects.filter(pk__in=ids), now=now, resolution="the slot ended")
                 continue
             audit_record(actor=None, action="reservation.idle_release", target=reservation, reason=reason)
             alerts_resolve(Alert.objects.filter(pk__in=ids), now=now, resolution="booking released automatically")
+            # The holder's mail commits with the release (the outbox), or not at all.
+            notification_enqueue(
+                kind=MailKind.IDLE_RELEASED,
+                reservation=ended,
+                users=[ended.user],
+                moment=ended.end,
+                context=_idle_mail_context(alerts, now) | {"reason": reason},
+            )
+            send_after_commit(reservation_id)
         released.append(reservation_id)
-        reservation.refresh_from_db()
-        try:
-            if reservation.user.email:
-                send_templated(
-                    to=[reservation.user.email],
-                    template="alert_idle_released",
-                    context=_idle_context(alerts, now) | {"reason": reason},
-                )
-        except Exception:
-            logger.exception("released-idle mail for reservation %s not sent", reservation_id)
     return released
 
 
@@ -535,12 +612,24 @@ class _Mail:
     alerts: list[Alert]
 
 
+def _abandoned(now: datetime) -> Q:
+    """Claimed for a mail that never went: its sender died before it could say so."""
+    return Q(
+        mail_id__isnull=False,
+        mailed_at__isnull=True,
+        notified_at__lte=now - timedelta(seconds=settings.NOTIFY_CLAIM_SECONDS),
+    )
+
+
 def alerts_mail_staff(*, now: datetime) -> int:
     """Mail staff about every alert not mailed yet, within the hourly rate limit; returns the mails
     sent. Safe to run twice at once: each alert is claimed by a compare-and-swap under a per-kind
-    lock, so it goes in one mail only; a mail that fails gives its alerts back for the next run."""
+    lock, so it goes in one mail only; a mail that fails gives its alerts back for the next run, and
+    one whose sender died is sent again once its claim is NOTIFY_CLAIM_SECONDS old."""
     kinds = set(
-        Alert.objects.filter(notified_at__isnull=True, kind__in=STAFF_MAIL_KINDS).values_list("kind", flat=True)
+        Alert.objects.filter(Q(notified_at__isnull=True) | _abandoned(now), kind__in=STAFF_MAIL_KINDS).values_list(
+            "kind", flat=True
+        )
     )
     recipients = staff_recipients()
     sent = 0
@@ -554,6 +643,7 @@ def alerts_mail_staff(*, now: datetime) -> int:
                 unsent = [m.mail_id for m in mails[position:]]
                 Alert.objects.filter(mail_id__in=unsent, notified_at=now).update(notified_at=None, mail_id=None)
                 raise
+            Alert.objects.filter(mail_id=mail.mail_id, mailed_at__isnull=True).update(mailed_at=timezone.now())
             sent += 1
     return sent
 
@@ -561,6 +651,13 @@ def alerts_mail_staff(*, now: datetime) -> int:
 def _claim(kind: str, now: datetime) -> list[_Mail]:
     with transaction.atomic():
         advisory_xact_lock(f"alerts.mail.{kind}")
+        # Mails whose sender died after claiming them go again, as they were (their place in the
+        # hour's allowance is taken already).
+        mails = []
+        for mail_id in set(Alert.objects.filter(_abandoned(now), kind=kind).values_list("mail_id", flat=True)):
+            if Alert.objects.filter(_abandoned(now), mail_id=mail_id).update(notified_at=now):
+                group = Alert.objects.filter(mail_id=mail_id).select_related("node", "gpu").order_by("opened_at", "pk")
+                mails.append(_Mail(mail_id, list(group)))  # type: ignore[arg-type]
         used = (
             Alert.objects.filter(kind=kind, notified_at__gt=now - timedelta(hours=1), mail_id__isnull=False)
             .values("mail_id")
@@ -569,7 +666,7 @@ def _claim(kind: str, now: datetime) -> list[_Mail]:
         )
         quota = settings.ALERT_MAILS_PER_KIND_PER_HOUR - used
         if quota <= 0:
-            return []
+            return mails
         pending = list(
             Alert.objects.filter(kind=kind, notified_at__isnull=True)
             .select_related("node", "gpu")
@@ -585,7 +682,6 @@ def _claim(kind: str, now: datetime) -> list[_Mail]:
             groups += [[a] for a in fresh[: quota - 1]]
             if fresh[quota - 1 :]:
                 groups.append(fresh[quota - 1 :])
-        mails = []
         for group in groups:
             mail = _Mail(uuid.uuid4(), group)
             claimed = Alert.objects.filter(pk__in=[a.pk for a in group], notified_at__isnull=True).update(

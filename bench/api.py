@@ -27,7 +27,8 @@ What it measures
 How to run it
     It needs PostgreSQL and a database of its own, whose name contains "bench": a rebuild empties
     the booking tables and deletes every node and GPU; every run empties the audit table and
-    deletes every booking limit and maintenance window (so none applies) and its own old tokens.
+    deletes every booking limit and maintenance window (so none applies but one site-wide Limit
+    letting the booking clients book HORIZON ahead) and its own old tokens.
 
         DATABASE_URL=postgres://portal:portal@127.0.0.1:5432/portal_bench_api .venv/bin/python bench/api.py
         ... bench/api.py --seconds 10 --clients 1,16 --requests 50 --rebuild
@@ -61,6 +62,7 @@ from typing import IO, Any
 
 from benchdb import (
     REPO_ROOT,
+    allow_booking_ahead,
     bulk_load,
     copy_reservations,
     create_lab,
@@ -195,12 +197,15 @@ def new_token(user: Any) -> str:
 
 
 def clear_side_tables() -> None:
-    """No limits, maintenance, old bench tokens or audit entries get in the way or pile up."""
+    """No limits, maintenance, old bench tokens or audit entries get in the way or pile up; one
+    site-wide Limit lets the booking clients walk as far ahead as HORIZON (the site ceiling
+    MAX_DAYS_AHEAD would refuse them after 90 days)."""
     from accounts.models import ApiToken
     from audit.models import AuditEntry
     from reservations.models import Limit, MaintenanceWindow
 
     Limit.objects.all().delete()
+    allow_booking_ahead(HORIZON.days + 1)
     MaintenanceWindow.objects.all().delete()
     ApiToken.objects.filter(user__username__startswith="bench-api-").delete()
     execute(f"TRUNCATE {AuditEntry._meta.db_table}")

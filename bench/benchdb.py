@@ -87,6 +87,16 @@ def reset_lab() -> None:
     Node.objects.all().delete()
 
 
+def allow_booking_ahead(days: int) -> None:
+    """The site-wide Limit a bench's ordinary users need to book up to ``days`` ahead, and nothing
+    else limited. Without a Limit the site ceiling MAX_DAYS_AHEAD (90 days by default) applies, and
+    benches walk further ahead than that; the other fields stay empty (no limit, or the ceiling for
+    the longest slot, which no bench's slots come near)."""
+    from reservations.models import Limit
+
+    Limit.objects.update_or_create(scope=Limit.Scope.SITE, defaults={"max_days_ahead": days})
+
+
 def create_lab(
     names: Sequence[str], gpus_per_node: int, models: Sequence[tuple[str, int]], uuid_tag: str = ""
 ) -> list[tuple[int, int]]:

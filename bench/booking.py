@@ -14,8 +14,10 @@ What it measures
     look-ups and audit entry.
 
     The booking tables are emptied before every run, so each run starts from the same state.
-    No Limit rows exist and the node does not require approval, so no limits apply; the limit
-    check still runs, but with no limit on GPUs at once or weekly hours it reads nothing more.
+    One Limit row, the site default, lets the clients book as far ahead as they walk (HORIZON;
+    the site ceiling MAX_DAYS_AHEAD would stop them at 90 days) and the node does not require
+    approval; the limit check still runs, but with no limit on GPUs at once or weekly hours it
+    reads nothing more.
 
 How to run it
     It needs PostgreSQL (the exclusion constraint and row locks are what is measured) and a
@@ -42,7 +44,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from benchdb import open_database, percentile_ms
+from benchdb import allow_booking_ahead, open_database, percentile_ms
 
 GPU_COUNT = 64
 USER_COUNT = 16
@@ -351,7 +353,8 @@ def print_context(seconds: float) -> None:
         (version,) = cursor.fetchone()
     print(
         f"booking benchmark: {seconds:g} s per run, 1-hour slots on 1 GPU per call, "
-        f"{GPU_COUNT} GPUs, {USER_COUNT} users, no limits, no approval; PostgreSQL {version}, "
+        f"{GPU_COUNT} GPUs, {USER_COUNT} users, limits: {HORIZON.days + 1} days ahead only, no approval; "
+        f"PostgreSQL {version}, "
         f"{os.cpu_count()} CPUs"
     )
 
@@ -363,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     url = open_database("bench/booking.py", "portal_bench")
     reset_bench_data()
+    allow_booking_ahead(HORIZON.days + 1)
     node, users, gpu_ids = create_fixtures()
     print_context(args.seconds)
 

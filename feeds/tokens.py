@@ -61,6 +61,28 @@ def parse_feed_token(token: str) -> FeedToken | None:
     return FeedToken(user_id=int(match[1]), feed=match[2], mac=match[3])
 
 
+# A feed URL's path wherever it may be written down (a log line, a traceback): /feeds/ and one path
+# segment. A segment with a dot (or an encoded one) may be a token, whether or not it is valid now.
+_FEED_PATH = re.compile(r"/feeds/([^/\s\"'?#<>]+)")
+_TOKEN_PARTS = re.compile(r"\A[1-9][0-9]{0,17}\.(?:mine|n[1-9][0-9]{0,17})\.")
+
+
+def _redact_feed_path(match: re.Match[str]) -> str:
+    segment = match[1]
+    if "." not in segment and "%2e" not in segment.lower():
+        return match[0]  # e.g. /api/v1/feeds/rotate/: no token here
+    kept = _TOKEN_PARTS.match(segment)
+    return f"/feeds/{kept[0] if kept else ''}[redacted]{'.ics' if segment.endswith('.ics') else ''}"
+
+
+def redact_feed_urls(text: str) -> str:
+    """``text`` with the secret of every feed URL replaced: ``/feeds/17.mine.[redacted].ics``. The user
+    id and feed name stay (they are not secret, and say whose feed was asked for)."""
+    if "/feeds/" not in text:
+        return text
+    return _FEED_PATH.sub(_redact_feed_path, text)
+
+
 def feed_token_valid(token: FeedToken, *, generation: int) -> bool:
     secrets = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
     return any(

@@ -45,7 +45,21 @@ def parse_moment(text: str) -> datetime:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r} ({TIME_EXAMPLE})") from None
-    return moment if moment.tzinfo is not None else moment.astimezone()
+    if moment.tzinfo is not None:
+        return moment
+    try:
+        return moment.astimezone()
+    except (OverflowError, ValueError, OSError):  # this machine's offset pushes it past year 1 or 9999
+        raise argparse.ArgumentTypeError(f"too near the year 1 or 9999 to read as a local time: {text!r}") from None
+
+
+def add_hours(moment: datetime, hours: float) -> datetime:
+    """``moment`` plus ``hours``; the calendar's end (year 9999) is a usage error, not a traceback.
+    Whether the portal takes the time is the portal's to say (it answers in words)."""
+    try:
+        return moment + timedelta(hours=hours)
+    except OverflowError:
+        raise UsageError(f"{moment.isoformat()} plus {hours:g} hours is past the year 9999") from None
 
 
 def positive_hours(text: str) -> float:
@@ -83,7 +97,11 @@ def iso(moment: datetime) -> str:
 
 
 def local(value: str) -> datetime:
-    return datetime.fromisoformat(value).astimezone()
+    moment = datetime.fromisoformat(value)
+    try:
+        return moment.astimezone()
+    except (OverflowError, ValueError, OSError):  # at the calendar's edge: shown with its own offset
+        return moment
 
 
 def fmt_moment(value: str | None) -> str:
@@ -176,6 +194,12 @@ def render_reservations(reservations: list[dict[str, Any]]) -> None:
 
 def reservation_renderer(verb: str) -> Renderer:
     def render(reservation: dict[str, Any]) -> None:
+        waiting = reservation.get("pending_extension")
+        if verb == "Extended" and waiting:
+            print(f"Extension until {fmt_moment(waiting['end'])} requested (#{waiting['id']}) for")
+            print(f"  {describe_reservation(reservation)}")
+            print("It waits for an admin's approval: the time is held, and the booking keeps its end meanwhile.")
+            return
         print(f"{verb} {describe_reservation(reservation)}")
         if reservation["status"] == "pending":
             print("Waiting for an admin's approval: the slot is held meanwhile.")
@@ -244,7 +268,7 @@ def cmd_book(client: Client, args: argparse.Namespace) -> Any:
     if args.earliest:
         body = earliest_booking(client, args)
     else:
-        end = args.end or args.start + timedelta(hours=args.hours)
+        end = args.end or add_hours(args.start, args.hours)
         target = {"gpus": args.gpu_ids} if args.gpu_ids else {"node": args.node, "gpu_count": args.count}
         body = {**target, "start": iso(args.start), "end": iso(end)}
     return client.post("reservations/", {**body, "purpose": args.purpose})
@@ -307,7 +331,7 @@ def cmd_extend(client: Client, args: argparse.Namespace) -> Any:
         end = args.end
     else:
         current = client.get(f"reservations/{args.id}/")
-        end = datetime.fromisoformat(current["end"]) + timedelta(hours=args.hours)
+        end = add_hours(datetime.fromisoformat(current["end"]), args.hours)
     return client.post(f"reservations/{args.id}/extend/", {"end": iso(end)})
 
 
@@ -423,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.fail(str(exc))  # prints the usage and exits with status 2
     try:
         return run(args)
-    except ConfigError as exc:
+    except (ConfigError, UsageError) as exc:
         return _fail(str(exc), EXIT_USAGE)
     except Unreachable as exc:
         return _fail(str(exc), EXIT_UNREACHABLE)

@@ -4,8 +4,8 @@ registry's process and GC metrics) ends up in /metrics.
 
 The GPU and node figures come from the status cards (``nodes.status.fleet_status``), so /metrics
 says exactly what the status page says: the same online rule, the same GPU state, the same holder.
-Five queries per scrape whatever the fleet's size: three for the cards, one for lease versions, one
-for bookings.
+Six queries per scrape whatever the fleet's size: three for the cards, one for lease versions, one
+for bookings, one for the periodic jobs' last successes (alerts/jobs.py).
 
 Stale readings are not exported as current: a GPU's utilisation, memory, temperature, power, ECC
 and process count appear only while its node is online and its reading is younger than
@@ -21,10 +21,11 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from alerts.jobs import JobState, job_states
 from metrics import selectors
 from nodes.status import STATES, fleet_status
 
@@ -82,6 +83,7 @@ class FleetCollector(Collector):
         yield from self._gpus(nodes, now)
         yield from self._nodes(nodes, selectors.lease_versions(), now)
         yield from self._bookings(selectors.booking_counts(now=now), now)
+        yield from self._jobs(job_states(now=now), now)
 
     def _gpus(self, nodes: list[dict[str, Any]], now: datetime) -> Iterator[Metric]:
         fresh_for = timedelta(seconds=settings.AGENT_OFFLINE_AFTER_SECONDS)
@@ -150,6 +152,11 @@ class FleetCollector(Collector):
             "The agent's clock minus the portal's, at its last heartbeat.",
             NODE_LABELS,
         )
+        dropped = CounterMetricFamily(
+            "gpubook_agent_events_dropped",
+            "Events the node's agent sent past NODE_EVENTS_PER_MINUTE: counted, not stored.",
+            labels=NODE_LABELS,
+        )
         for node in nodes:
             name, agent = node["name"], node["agent"] or {}
             up.add_metric([name], 1 if node["online"] else 0)
@@ -171,7 +178,9 @@ class FleetCollector(Collector):
                 lease_lag.add_metric([name], lease_versions.get(name, 0) - agent["applied_lease_version"])
             if agent.get("clock_skew_seconds") is not None:
                 skew.add_metric([name], agent["clock_skew_seconds"])
-        yield from (up, info, report_age, lease_lag, skew)
+            if node["agent"] is not None:
+                dropped.add_metric([name], agent.get("events_dropped") or 0)
+        yield from (up, info, report_age, lease_lag, skew, dropped)
 
     def _bookings(self, bookings: selectors.Bookings, now: datetime) -> Iterator[Metric]:
         live = _gauge(
@@ -193,6 +202,30 @@ class FleetCollector(Collector):
             "How long the oldest booking waiting for an admin has waited; 0 when none waits.",
             value=max((now - oldest).total_seconds(), 0) if oldest else 0,
         )
+
+    def _jobs(self, jobs: list[JobState], now: datetime) -> Iterator[Metric]:
+        labels = ["job", "task"]
+        period = _gauge(
+            "gpubook_periodic_job_period_seconds", "How often beat runs the job (portal/celery.py).", labels
+        )
+        age = _gauge(
+            "gpubook_periodic_job_last_success_age_seconds",
+            "Seconds since a run of the job that beat started last succeeded (absent until one has).",
+            labels,
+        )
+        late = _gauge(
+            "gpubook_periodic_job_late",
+            "1 while the job is more than three periods (and two minutes) late: the portal's jobs_late alert.",
+            labels,
+        )
+        for job in jobs:
+            job_labels = [job.name, job.task]
+            period.add_metric(job_labels, job.period.total_seconds())
+            since = job.age(now)
+            if since is not None:
+                age.add_metric(job_labels, since.total_seconds())
+            late.add_metric(job_labels, 1 if job.is_late(now) else 0)
+        yield from (period, age, late)
 
 
 REGISTRY = CollectorRegistry()

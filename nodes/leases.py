@@ -2,7 +2,10 @@
 
 The portal always sends a node its *whole* desired state, never a delta (docs/architecture.md,
 "leases are level-triggered"): a lost message is repaired by the next one. Only approved
-reservations become leases; a pending booking holds its slot but opens no GPU.
+reservations of active accounts with a confirmed unix username become leases: a pending booking
+holds its slot but opens no GPU, and neither does a deactivated person's booking (even before
+reservations_end_for_inactive_user has ended it) nor one whose unix username an admin has not
+confirmed yet.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ def node_leases(*, node: Node, now: datetime) -> list[dict[str, Any]]:
             active=True,
             gpu__node=node,
             reservation__status=Reservation.Status.APPROVED,
+            reservation__user__is_active=True,
             end__gt=now,
             start__lt=now + LEASE_HORIZON,
         )

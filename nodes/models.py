@@ -131,6 +131,14 @@ class AgentState(models.Model):
     offline_since = models.DateTimeField(
         null=True, blank=True, help_text="When the agent was found silent; cleared when it reports again."
     )
+    # The node's event budget (NODE_EVENTS_PER_MINUTE, nodes/reports.py): events stored in the
+    # current minute of the portal's clock, and every event counted but not stored past it.
+    events_minute = models.DateTimeField(null=True, blank=True, editable=False)
+    events_in_minute = models.PositiveIntegerField(default=0, editable=False)
+    events_dropped = models.PositiveBigIntegerField(
+        default=0, help_text="Events past the per-minute budget (NODE_EVENTS_PER_MINUTE): counted, not stored."
+    )
+    events_dropped_at = models.DateTimeField(null=True, blank=True, help_text="When events were last dropped.")
 
     class Meta:
         verbose_name = "agent state"
@@ -225,7 +233,12 @@ class NodeEvent(models.Model):
 
     class Meta:
         ordering = ["-at", "-id"]
-        indexes = [models.Index(fields=["node", "-at"]), models.Index(fields=["kind", "-at"])]
+        indexes = [
+            models.Index(fields=["node", "-at"]),
+            models.Index(fields=["kind", "-at"]),
+            # The prune (NODE_EVENTS_KEEP_DAYS) goes by the portal's clock, not the agent's.
+            models.Index(fields=["received_at"], name="nodeevent_received_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.node_id}: {self.get_kind_display()} at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -103,6 +103,9 @@ def _agent(state: AgentState | None) -> dict[str, Any] | None:
         "driver_version": state.driver_version,
         "applied_lease_version": state.applied_version,
         "clock_skew_seconds": state.clock_skew_seconds,
+        # Events past NODE_EVENTS_PER_MINUTE, counted but not stored (nodes/reports.py).
+        "events_dropped": state.events_dropped,
+        "events_dropped_at": _iso(state.events_dropped_at),
     }
 
 

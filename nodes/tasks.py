@@ -6,6 +6,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from nodes.pushes import agent_nodes, clear_pending, pushed_nodes, send_snapshot
+from nodes.reports import node_events_prune
 from nodes.status import refresh_status
 from nodes.usage import usage_prune
 
@@ -41,3 +42,9 @@ def refresh_live_status() -> int:
 def prune_usage() -> int:
     """Beat, hourly: per-minute telemetry older than TELEMETRY_MINUTES_KEEP_DAYS goes."""
     return usage_prune(timezone.now())
+
+
+@shared_task(name="nodes.prune_events", ignore_result=True)
+def prune_events() -> int:
+    """Beat, hourly: agent events received more than NODE_EVENTS_KEEP_DAYS ago go, in batches."""
+    return node_events_prune(timezone.now())

@@ -4,3 +4,6 @@ from django.apps import AppConfig
 class NotificationsConfig(AppConfig):
     name = "notifications"
     verbose_name = "Notifications"
+
+    def ready(self) -> None:
+        from notifications import checks  # noqa: F401  (registers the system checks)

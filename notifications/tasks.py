@@ -1,4 +1,4 @@
-"""Celery tasks sending mail: after a booking change, and the beat's scan for due mail."""
+"""Celery tasks sending mail from the outbox: nudged after a change commits, and beat's scan."""
 
 from __future__ import annotations
 
@@ -7,18 +7,22 @@ from celery import shared_task
 from notifications import services
 
 
-@shared_task(
-    name="notifications.booking_changed",
-    ignore_result=True,
-    autoretry_for=(OSError,),  # SMTP unreachable: retry; a mail already sent is not sent again
-    retry_backoff=30,
-    max_retries=8,
-)
-def booking_changed(reservation_id: int, verb: str) -> int:
-    return services.booking_changed(reservation_id, verb)
+@shared_task(name="notifications.send_outbox", ignore_result=True)
+def send_outbox(reservation_id: int | None = None) -> dict[str, int]:
+    """Once a change commits: send the booking's waiting mails now. Whatever this misses (a send that
+    failed, a worker that died) stays in the outbox for beat's drain."""
+    return services.outbox_drain(reservation_id=reservation_id)
 
 
 @shared_task(name="notifications.send_due", ignore_result=True)
 def send_due() -> dict[str, int]:
-    """Beat, every NOTIFY_SCAN_SECONDS."""
+    """Beat, every NOTIFY_SCAN_SECONDS: write the mails time made due, then drain the outbox."""
     return services.send_due()
+
+
+@shared_task(name="notifications.booking_changed", ignore_result=True)
+def booking_changed(reservation_id: int, verb: str) -> dict[str, int]:
+    """Messages queued before the outbox existed (an upgrade with a queue not yet empty): write the
+    change's mails now and send them. Nothing queues this task any more."""
+    services.booking_changed(reservation_id, verb)
+    return services.outbox_drain(reservation_id=reservation_id)

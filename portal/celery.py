@@ -7,6 +7,8 @@ import os
 from celery import Celery
 from django.conf import settings
 
+from alerts.jobs import tag_schedule
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("portal")
@@ -42,4 +44,16 @@ app.conf.beat_schedule = {
     # also queued when an alert opens), and booked GPUs left idle (holder told, auto-release).
     "alert-mail": {"task": "alerts.mail_staff", "schedule": 60.0, "options": {"expires": 55}},
     "idle-gpus": {"task": "alerts.check_idle", "schedule": 60.0, "options": {"expires": 55}},
+    # Bookings of deactivated accounts that the deactivation's own reaction missed are ended (their
+    # leases stopped at once anyway: nodes.leases leaves inactive users out).
+    "end-inactive-bookings": {
+        "task": "reservations.end_inactive_bookings",
+        "schedule": 300.0,
+        "options": {"expires": 290},
+    },
+    # Agent events past NODE_EVENTS_KEEP_DAYS go (idempotent: deletes by age, in batches).
+    "prune-node-events": {"task": "nodes.prune_events", "schedule": 3600.0, "options": {"expires": 3000}},
 }
+# Every run beat starts names its entry, and the worker records each success (alerts/jobs.py): a
+# job late by more than three periods opens an alert. Entries added above are watched as they are.
+tag_schedule(app.conf.beat_schedule)

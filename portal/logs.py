@@ -4,6 +4,11 @@ Each line has ``time`` (ISO 8601, UTC), ``level``, ``logger`` and ``message``, t
 record carries: a traceback as ``exc_info``, a request's ``method``, ``path`` and ``status_code``
 (Django's request and server loggers attach the request), and the Celery task's ``task_id`` and
 ``task_name`` inside a worker. Anything passed as ``extra=`` is kept as its own key.
+
+``RedactSecrets`` (a filter on the one console handler, so on every line whatever its format or
+logger) takes secrets out of what is written: the MAC of calendar feed URLs (feeds.tokens), which
+Django's request logger writes on a 404, daphne's access log on every fetch (portal/serve.py sends
+it through logging), and any traceback or ``extra=`` value might.
 """
 
 from __future__ import annotations
@@ -17,8 +22,40 @@ from django.http import HttpRequest
 from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 
+from feeds.tokens import redact_feed_urls
+
 # Django attaches the request object (and the dev server its own clock); neither is JSON.
 _NOT_FIELDS = [*RESERVED_ATTRS, "request", "server_time"]
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` as it may be logged: every secret the portal knows to look for replaced."""
+    return redact_feed_urls(text)
+
+
+class RedactSecrets(logging.Filter):
+    """Redacts the message (after formatting its arguments), every string ``extra=`` value, the
+    traceback and the stack. Never drops a record, and never fails one: a record whose message cannot
+    be formatted goes on as it is, for the handler to report as usual."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        redacted = redact_secrets(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        for key, value in list(vars(record).items()):
+            if key not in RESERVED_ATTRS and isinstance(value, str):
+                setattr(record, key, redact_secrets(value))
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact_secrets(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact_secrets(record.stack_info)
+        return True
 
 
 class JsonFormatter(_JsonFormatter):
@@ -33,8 +70,12 @@ class JsonFormatter(_JsonFormatter):
         request = getattr(record, "request", None)
         if isinstance(request, HttpRequest):
             log_data["method"] = request.method
-            log_data["path"] = request.path
+            log_data["path"] = redact_secrets(request.path)
         task = current_task  # the task this worker thread is running, if any
         if task and task.request.id:
             log_data["task_id"] = task.request.id
             log_data["task_name"] = task.name
+
+    def formatException(self, ei: Any) -> str:
+        # The JSON formatter formats the traceback itself rather than using the filter's exc_text.
+        return redact_secrets(super().formatException(ei))

@@ -7,6 +7,7 @@ under var/; set DATABASE_URL to use PostgreSQL.
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -79,6 +80,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django.contrib.postgres",
+    "axes",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -104,6 +106,8 @@ MIDDLEWARE = [
     "accounts.middleware.UserTimezoneMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Turns a login refused because of a lockout into the page that says when to retry (accounts/throttling.py).
+    "accounts.throttling.LoginLockoutMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -154,9 +158,78 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "calendar"
 LOGOUT_REDIRECT_URL = "login"
 
+# The unix username names the account on the GPU nodes that receives booked GPUs, so who may set it
+# is a security decision (docs/security.md): "directory" (the LDAP attribute or OIDC claim at each
+# login, never editable in the portal), "admin" (only admins set it), or "request" (a researcher
+# proposes one, an admin confirms it; nothing is granted until then). With institutional login on,
+# the directory is the natural authority, so it is the default there.
+UNIX_USERNAME_SOURCES = ("request", "admin", "directory")
+UNIX_USERNAME_SOURCE = envchoice(
+    "UNIX_USERNAME_SOURCE",
+    # OIDC counts only with a unix username claim named: no claim is safe to assume (see below).
+    "directory"
+    if envstr("LDAP_SERVER_URI") or (envstr("OIDC_RP_CLIENT_ID") and envstr("OIDC_UNIX_USERNAME_CLAIM"))
+    else "request",
+    UNIX_USERNAME_SOURCES,
+)
+# Names the portal never accepts as a unix username, whoever sets them: system and service accounts.
+# The node agent has the final word (it refuses accounts it does not know or whose uid is below
+# UID_MIN); this list catches the obvious ones before anyone books with them.
+UNIX_USERNAME_DENYLIST = frozenset(
+    envlist(
+        "UNIX_USERNAME_DENYLIST",
+        [
+            *("root", "toor", "admin", "administrator", "daemon", "bin", "sys", "sync", "games", "man", "lp"),
+            *("mail", "news", "uucp", "proxy", "www-data", "backup", "list", "irc", "gnats", "nobody"),
+            *("nogroup", "systemd-network", "systemd-resolve", "systemd-timesync", "systemd-coredump"),
+            *("messagebus", "syslog", "sshd", "polkitd", "avahi", "colord", "dnsmasq", "ntp", "chrony"),
+            *("postgres", "mysql", "redis", "rabbitmq", "memcache", "mongodb", "elasticsearch", "nginx"),
+            *("apache", "httpd", "munge", "slurm", "nvidia-persistenced", "dcgm", "nvidia-dcgm", "docker"),
+            *("gpubook", "celery", "_apt", "ftp", "operator", "halt", "shutdown", "tss", "uuidd"),
+        ],
+    )
+)
+
 # Institutional login (docs/security.md), off unless configured; the packages come with the `sso`
-# extra. Local accounts (ModelBackend) keep working either way.
-AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+# extra. Local accounts (ModelBackend) keep working either way. django-axes comes first: a locked-out
+# login is refused before any backend checks a password, so none is relayed to an LDAP directory.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+
+# Login throttling (django-axes; accounts/throttling.py, docs/security.md). LOGIN_FAILURE_LIMIT failed
+# logins for one username, or from one client address, lock that username or address out until
+# LOGIN_LOCKOUT_MINUTES after the last counted failure; attempts during a lockout are refused
+# without being counted, so the time the page names holds. Failures are counted in the database (axes'
+# database handler), so every web process sees the same count, on PostgreSQL and SQLite alike.
+LOGIN_FAILURE_LIMIT = envint("LOGIN_FAILURE_LIMIT", 5)
+LOGIN_LOCKOUT_MINUTES = envint("LOGIN_LOCKOUT_MINUTES", 15)
+if LOGIN_FAILURE_LIMIT < 1 or LOGIN_LOCKOUT_MINUTES < 1:
+    raise ImproperlyConfigured("LOGIN_FAILURE_LIMIT and LOGIN_LOCKOUT_MINUTES must be at least 1.")
+# Failed API tokens (Authorization: Bearer) from one client address within a minute, after which that
+# address gets 429 with Retry-After until the minute is over (counted in Redis, shared by every process).
+API_TOKEN_FAILURES_PER_MINUTE = envint("API_TOKEN_FAILURES_PER_MINUTE", 20)
+# Reverse proxies in front of the portal that append the client's address to X-Forwarded-For. Behind a
+# proxy REMOTE_ADDR is the proxy's own address, so per-address lockouts would lock out everyone at once;
+# with NUM_PROXIES=1 the client is the address the proxy appended. 0: REMOTE_ADDR, and the header is
+# ignored, since a client can write anything in it.
+NUM_PROXIES = envint("NUM_PROXIES", 0)
+if NUM_PROXIES < 0:
+    raise ImproperlyConfigured("NUM_PROXIES must be 0 or more.")
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_FAILURE_LIMIT = LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=LOGIN_LOCKOUT_MINUTES)
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_PARAMETERS = "accounts.throttling.lockout_parameters"
+AXES_USERNAME_CALLABLE = "accounts.throttling.lockout_username"
+AXES_CLIENT_IP_CALLABLE = "accounts.throttling.client_address"
+AXES_LOCKOUT_CALLABLE = "accounts.throttling.lockout_response"
+# accounts.throttling.LoginLockoutMiddleware stands in for axes' own middleware (see there why); axes
+# checks for its own by name.
+SILENCED_SYSTEM_CHECKS.append("axes.W002")
+# Successful logins are not logged to the database (that table would only grow); failures are, until
+# they expire. An OIDC callback's code and state never are.
+AXES_DISABLE_ACCESS_LOG = True
+AXES_VERBOSE = False  # no banner at every start; failures and lockouts are still logged as warnings
+AXES_SENSITIVE_PARAMETERS = ["username", "ip_address", "code", "state"]
 
 
 def _sso_import(package: str, variable: str) -> None:
@@ -197,7 +270,10 @@ if LDAP_SERVER_URI:
     }
     # Members of this group (a DN) are staff, that is booking admins; everyone else is not.
     LDAP_STAFF_GROUP = envstr("LDAP_STAFF_GROUP")
-    if LDAP_STAFF_GROUP:
+    # With this group (a DN) set, only its members may log in: a login that finds someone outside it
+    # deactivates the account, which ends their bookings (accounts/signals.py).
+    LDAP_ACTIVE_GROUP = envstr("LDAP_ACTIVE_GROUP")
+    if LDAP_STAFF_GROUP or LDAP_ACTIVE_GROUP:
         AUTH_LDAP_GROUP_SEARCH = _ldap.LDAPSearch(
             envstr("LDAP_GROUP_SEARCH_BASE", LDAP_USER_SEARCH_BASE),
             ldap.SCOPE_SUBTREE,
@@ -210,8 +286,10 @@ if LDAP_SERVER_URI:
         }
         _group_type = envchoice("LDAP_GROUP_TYPE", "groupOfNames", tuple(_group_types))
         AUTH_LDAP_GROUP_TYPE = _group_types[_group_type]()
-        AUTH_LDAP_USER_FLAGS_BY_GROUP = {"is_staff": LDAP_STAFF_GROUP}
-    AUTHENTICATION_BACKENDS.insert(0, "accounts.sso_ldap.PortalLDAPBackend")
+        AUTH_LDAP_USER_FLAGS_BY_GROUP = {
+            flag: group for flag, group in (("is_staff", LDAP_STAFF_GROUP), ("is_active", LDAP_ACTIVE_GROUP)) if group
+        }
+    AUTHENTICATION_BACKENDS.insert(1, "accounts.sso_ldap.PortalLDAPBackend")  # after axes
 
 # OpenID Connect: an "institutional login" button on the login page (mozilla-django-oidc, code flow
 # with PKCE). Endpoints are given explicitly: the provider's /.well-known/openid-configuration lists
@@ -220,7 +298,9 @@ OIDC_RP_CLIENT_ID = envstr("OIDC_RP_CLIENT_ID")
 OIDC_ENABLED = bool(OIDC_RP_CLIENT_ID)
 OIDC_LOGIN_LABEL = envstr("OIDC_LOGIN_LABEL", "Institutional login")
 OIDC_USERNAME_CLAIM = envstr("OIDC_USERNAME_CLAIM", "preferred_username")
-OIDC_UNIX_USERNAME_CLAIM = envstr("OIDC_UNIX_USERNAME_CLAIM", OIDC_USERNAME_CLAIM)
+# No default: the username claim is editable at some providers, and someone who renamed themselves
+# to a colleague's unix account would have the nodes open it to them. Name a directory-backed claim.
+OIDC_UNIX_USERNAME_CLAIM = envstr("OIDC_UNIX_USERNAME_CLAIM")
 OIDC_GROUPS_CLAIM = envstr("OIDC_GROUPS_CLAIM", "groups")
 OIDC_STAFF_GROUPS = envlist("OIDC_STAFF_GROUPS", [])
 if OIDC_ENABLED:
@@ -278,6 +358,8 @@ REST_FRAMEWORK = {
         "anon": envstr("API_RATE_ANONYMOUS", "60/minute"),
         "agent": envstr("API_RATE_PER_AGENT", "600/minute"),
     },
+    # The anonymous rate is per client address: the same address the login lockouts use (NUM_PROXIES).
+    "NUM_PROXIES": NUM_PROXIES,
     "EXCEPTION_HANDLER": "portal.api.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DATETIME_FORMAT": "iso-8601",
@@ -360,10 +442,21 @@ STATUS_REFRESH_SECONDS = envint("STATUS_REFRESH_SECONDS", 10)
 # ended) this often; an "ended" mail missed while the portal was down still goes this long after.
 NOTIFY_SCAN_SECONDS = envint("NOTIFY_SCAN_SECONDS", 60)
 NOTIFY_ENDED_CATCHUP_HOURS = envint("NOTIFY_ENDED_CATCHUP_HOURS", 6)
+# Every mail waits in an outbox (notifications.Notification) until a sender claims and sends it. A
+# claim lasts this long: a sender that died after claiming (a killed worker, a crash mid-send) has
+# its mail sent again once the claim expires, so mail goes at least once. Longer than the slowest
+# send (EMAIL_TIMEOUT per SMTP step; checked by notifications.E001), short enough not to delay much.
+NOTIFY_CLAIM_SECONDS = envint("NOTIFY_CLAIM_SECONDS", 300)
 
 # Telemetry down-sampled per GPU per minute (nodes/usage.py) is kept this long; per hour
 # (accounting/) for good.
 TELEMETRY_MINUTES_KEEP_DAYS = envint("TELEMETRY_MINUTES_KEEP_DAYS", 30)
+# What node agents report as events (nodes.NodeEvent) is kept this long, pruned hourly (0: for good).
+NODE_EVENTS_KEEP_DAYS = envint("NODE_EVENTS_KEEP_DAYS", 90)
+# Events stored per node per minute; past that they are counted (AgentState.events_dropped,
+# /metrics), not stored, so a broken or hostile agent cannot fill the database. The events that
+# drain GPUs and open alerts still act (nodes/reports.py). A healthy node sends a few a minute.
+NODE_EVENTS_PER_MINUTE = envint("NODE_EVENTS_PER_MINUTE", 600)
 # A minute counts as "used" in the usage reports when its mean utilisation reaches this.
 USAGE_USED_THRESHOLD_PCT = envint("USAGE_USED_THRESHOLD_PCT", 10)
 # The longest period one usage report may cover.
@@ -383,6 +476,10 @@ IDLE_AUTO_RELEASE_MINUTES = envint("IDLE_AUTO_RELEASE_MINUTES", 0)
 ALERT_EMAILS = envlist("ALERT_EMAILS", [])
 # At most this many alert mails per kind per hour; the rest wait and go together in one summary.
 ALERT_MAILS_PER_KIND_PER_HOUR = envint("ALERT_MAILS_PER_KIND_PER_HOUR", 5)
+# Is beat alive? Each periodic job records its last success; agent heartbeats check, at most this
+# often per process, that none is more than three periods late (alerts/jobs.py): a check that
+# must not depend on beat itself. 0 checks at every heartbeat (tests).
+JOBS_LATE_CHECK_SECONDS = envint("JOBS_LATE_CHECK_SECONDS", 30)
 
 # /metrics for Prometheus (metrics/, docs/metrics.md). A scrape is let in by its bearer token
 # (METRICS_TOKEN, or METRICS_TOKEN_FILE) or by its address (METRICS_ALLOWED_IPS: addresses or CIDRs,
@@ -394,6 +491,11 @@ METRICS_ALLOWED_IPS = envlist("METRICS_ALLOWED_IPS", [])
 BOOKING_GRID_MINUTES = envint("BOOKING_GRID_MINUTES", 15)
 BOOKING_LOCK_TIMEOUT_MS = envint("BOOKING_LOCK_TIMEOUT_MS", 10_000)
 BOOKING_PURPOSE_MAX_LENGTH = 500
+# Site ceilings for researchers' bookings and extensions, applied wherever no Limit row (site,
+# group or user) sets that field: without them a fresh portal let anyone book a GPU until the year
+# 9999. A Limit row raises or lowers them; admins book past both (docs/booking-rules.md).
+MAX_DAYS_AHEAD = envint("MAX_DAYS_AHEAD", 90)  # a booking ends at most this many days from now
+MAX_SLOT_HOURS = envint("MAX_SLOT_HOURS", 168)  # the longest one booking may be (a week)
 
 # Calendar feeds (docs/feeds.md): how far back and ahead they reach, and fetches per URL per hour.
 FEED_PAST_DAYS = envint("FEED_PAST_DAYS", 30)
@@ -411,6 +513,17 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {LOG_FORMAT: _formatters[LOG_FORMAT]},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+    # Secrets in request paths (calendar feed URLs) are redacted from every line, whichever logger
+    # wrote it: Django's request logger, daphne's access log (portal/serve.py), Celery (portal/logs.py).
+    "filters": {"redact_secrets": {"()": "portal.logs.RedactSecrets"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["redact_secrets"]}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
+    "loggers": {
+        # Django's own handlers for these (a second console line under DEBUG, mail to ADMINS with the
+        # request's URL, the dev server's console) would write past the filter: ours write instead.
+        "django": {"handlers": [], "propagate": True},
+        "django.server": {"handlers": ["console"], "propagate": False},
+        # axes writes INFO lines at every login attempt; its warnings (each failure, each lockout) are the news.
+        "axes": {"level": "WARNING"},
+    },
 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import QuerySet
@@ -43,8 +43,8 @@ ACTIONS = ("cancel", "release", "extend", "approve", "reject")
             OpenApiParameter("mine", bool, description="Only your own reservations."),
             OpenApiParameter("node", str, description="Node name."),
             OpenApiParameter("status", str, enum=Reservation.Status.values),
-            OpenApiParameter("after", str, description="Only those ending after this ISO 8601 time."),
-            OpenApiParameter("before", str, description="Only those starting before this ISO 8601 time."),
+            OpenApiParameter("after", datetime, description="Only those ending after this ISO 8601 time."),
+            OpenApiParameter("before", datetime, description="Only those starting before this ISO 8601 time."),
         ],
         responses={200: ReservationSerializer(many=True), **ERRORS},
     ),
@@ -115,7 +115,14 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def release(self, request: Request, pk: str | None = None) -> Response:
         return self._respond(services.reservation_release(reservation=self.get_object(), actor=request.user))
 
-    @extend_schema(summary="Move the end later", request=ExtendInput, responses={200: ReservationSerializer, **ERRORS})
+    @extend_schema(
+        summary="Move the end later",
+        description="Where a new booking would wait for approval, so does the added time: the booking keeps "
+        "its end, and `pending_extension` names the request (a reservation that `extends` it), which holds the "
+        "time until an admin approves (merging it into this booking) or rejects it.",
+        request=ExtendInput,
+        responses={200: ReservationSerializer, **ERRORS},
+    )
     @action(detail=True, methods=["post"])
     def extend(self, request: Request, pk: str | None = None) -> Response:
         data = _validated(ExtendInput, request)
@@ -123,7 +130,12 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
             services.reservation_extend(reservation=self.get_object(), actor=request.user, end=data["end"])
         )
 
-    @extend_schema(summary="Approve (admins)", request=ReasonInput, responses={200: ReservationSerializer, **ERRORS})
+    @extend_schema(
+        summary="Approve (admins)",
+        description="Approving a pending extension merges it into the booking it extends, which is returned.",
+        request=ReasonInput,
+        responses={200: ReservationSerializer, **ERRORS},
+    )
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, pk: str | None = None) -> Response:
         data = _validated(ReasonInput, request)

@@ -18,7 +18,7 @@ from django.db.models import Q
 
 from nodes.models import BOOKABLE_GPUS, Gpu, Node
 from reservations.models import Allocation, MaintenanceWindow
-from reservations.timegrid import ceil_to_grid, floor_to_grid
+from reservations.timegrid import ceil_to_grid, floor_to_grid, require_in_calendar
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,10 @@ def earliest_windows(
     limit: int = 10,
 ) -> list[Window]:
     """The earliest window on each node that has ``gpu_count`` free GPUs, earliest first."""
+    if after is not None:
+        # The search adds its horizon and the duration to ``after``: near the year 9999 that
+        # overflows. The API's field refuses such a time already; this covers every other caller.
+        require_in_calendar(after, "after")
     search_from = floor_to_grid(max(after or now, now))
     if search_from < now:  # the current grid cell counts as now
         search_from = now.replace(microsecond=0)

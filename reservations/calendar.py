@@ -184,11 +184,11 @@ def calendar_events(
     rows = (
         reservations.order_by("start", "id")
         .annotate(start_text=Cast("start", CharField()), end_text=Cast("end", CharField()))
-        .values_list("id", "user_id", "user__username", "start_text", "end_text", "status", "purpose")
+        .values_list("id", "user_id", "user__username", "start_text", "end_text", "status", "purpose", "extends_id")
     )
     now_key = now.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
     events = []
-    for rid, owner_id, username, start_text, end_text, status, purpose in rows:
+    for rid, owner_id, username, start_text, end_text, status, purpose, extends_id in rows:
         resource_ids = gpus_of.get(rid)
         if not resource_ids:
             continue
@@ -196,6 +196,8 @@ def calendar_events(
         acts = mine or is_admin
         started, ended = start_text[:19] <= now_key, end_text[:19] <= now_key
         can_extend = acts and not ended
+        # A pending extension is a request: withdrawn (cancelled) while it waits, never released.
+        request = extends_id is not None and status == Reservation.Status.PENDING
         events.append(
             {
                 "id": f"reservation-{rid}",
@@ -213,8 +215,9 @@ def calendar_events(
                     "mine": mine,
                     "purpose": purpose if acts else None,
                     # What the services would allow now (they decide; these only choose the buttons).
-                    "can_cancel": acts and not ended and (not started or is_admin),
-                    "can_release": acts and started and not ended,
+                    "can_cancel": acts and not ended and (not started or is_admin or request),
+                    "can_release": acts and started and not ended and not request,
+                    "extends": extends_id,
                     "can_extend": can_extend,
                 },
             }
@@ -342,6 +345,9 @@ class CalendarEventProps(serializers.Serializer):
     can_cancel = serializers.BooleanField(required=False)
     can_release = serializers.BooleanField(required=False)
     can_extend = serializers.BooleanField(required=False)
+    extends = serializers.IntegerField(
+        required=False, allow_null=True, help_text="A pending extension: the booking it would lengthen."
+    )
     maintenance = serializers.IntegerField(required=False, help_text="Maintenance windows: the window's id.")
     node = serializers.CharField(required=False, help_text="Maintenance windows: the node.")
     gpu = serializers.IntegerField(

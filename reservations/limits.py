@@ -2,8 +2,9 @@
 
 Resolution, field by field: the user's own override if set; else the most generous value among
 the user's groups (a group grants, it never restricts another group's grant); else the site
-default; else no limit. ``requires_approval`` follows the same order, "no approval" being the
-generous value.
+default; else, for how far ahead and how long, the site ceiling (the settings MAX_DAYS_AHEAD and
+MAX_SLOT_HOURS), so that a portal nobody configured still bounds bookings; else no limit.
+``requires_approval`` follows the same order, "no approval" being the generous value.
 
 The checks are pure functions over plain periods so they can be reasoned about (and tested)
 without a database. A refusal names the limit and the numbers.
@@ -18,6 +19,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, NamedTuple
 
+from django.conf import settings
 from django.db.models import Q
 
 from reservations.exceptions import LimitExceeded
@@ -25,7 +27,10 @@ from reservations.models import Limit
 from reservations.timegrid import format_hours, hours
 
 WEEK = timedelta(days=7)
+_MOST_DAYS = timedelta.max.days
 _NUMERIC_FIELDS = ("max_gpus_at_once", "max_slot_hours", "weekly_gpu_hours", "max_days_ahead")
+# The fields that fall back to a setting, not to "no limit", when no Limit row sets them.
+CEILING_SETTINGS = {"max_days_ahead": "MAX_DAYS_AHEAD", "max_slot_hours": "MAX_SLOT_HOURS"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,8 @@ class EffectiveLimits:
     weekly_gpu_hours: Decimal | None = None
     max_days_ahead: int | None = None
     requires_approval: bool = False
+    # The fields whose value is the site ceiling (a setting) rather than a Limit row's.
+    ceilings: frozenset[str] = frozenset()
 
     @property
     def counts_usage(self) -> bool:
@@ -71,7 +78,23 @@ def effective_limits(user: Any) -> EffectiveLimits:
             values[field] = all(group_values) if field == "requires_approval" else max(group_values)
         elif site is not None and getattr(site, field) is not None:
             values[field] = getattr(site, field)
-    return EffectiveLimits(**values)
+    ceilings = frozenset(field for field in CEILING_SETTINGS if field not in values)
+    values["max_days_ahead"] = values.get("max_days_ahead", settings.MAX_DAYS_AHEAD)
+    values["max_slot_hours"] = values.get("max_slot_hours", Decimal(settings.MAX_SLOT_HOURS))
+    return EffectiveLimits(**values, ceilings=ceilings)
+
+
+def _where_from(limits: EffectiveLimits, field: str) -> str:
+    """' (the site ceiling MAX_DAYS_AHEAD: ...)' when the number is a setting's rather than a Limit
+    row's, so that whoever reads the refusal knows what an admin would change."""
+    if field not in limits.ceilings:
+        return ""
+    return f" (the site ceiling {CEILING_SETTINGS[field]}: an admin can set another in a Limit)"
+
+
+def _ceiling_detail(limits: EffectiveLimits, field: str) -> dict[str, str]:
+    """{"ceiling": "MAX_DAYS_AHEAD"} in a refusal's details when the number is the setting's."""
+    return {"ceiling": CEILING_SETTINGS[field]} if field in limits.ceilings else {}
 
 
 def check_limits(
@@ -88,21 +111,27 @@ def check_limits(
     the whole booking when booking, the added time when extending.
     """
     start, end = slot
-    if limits.max_slot_hours is not None and hours(end - start) > float(limits.max_slot_hours):
-        raise LimitExceeded(
-            f"longest slot: {format_hours(hours(end - start))} hours asked > "
-            f"{format_hours(float(limits.max_slot_hours))} allowed",
-            limit="max_slot_hours",
-            asked=round(hours(end - start), 2),
-            allowed=float(limits.max_slot_hours),
-        )
-    if limits.max_days_ahead is not None and end > now + timedelta(days=limits.max_days_ahead):
+    # How far ahead comes first: a booking far in the future breaks the longest slot too, but its
+    # distance is what the researcher must change. Compared as a difference, never as now + N days:
+    # a Limit may allow more days than a datetime can count (timedelta stops at 999,999,999 days).
+    if limits.max_days_ahead is not None and end - now > timedelta(days=min(limits.max_days_ahead, _MOST_DAYS)):
         days = math.ceil((end - now) / timedelta(days=1) * 10) / 10
         raise LimitExceeded(
-            f"days ahead: the slot ends {format_hours(days)} days from now > {limits.max_days_ahead} allowed",
+            f"days ahead: the slot ends {format_hours(days)} days from now > {limits.max_days_ahead} allowed"
+            f"{_where_from(limits, 'max_days_ahead')}",
             limit="max_days_ahead",
             asked=days,
             allowed=limits.max_days_ahead,
+            **_ceiling_detail(limits, "max_days_ahead"),
+        )
+    if limits.max_slot_hours is not None and hours(end - start) > float(limits.max_slot_hours):
+        raise LimitExceeded(
+            f"longest slot: {format_hours(hours(end - start))} hours asked > "
+            f"{format_hours(float(limits.max_slot_hours))} allowed{_where_from(limits, 'max_slot_hours')}",
+            limit="max_slot_hours",
+            asked=round(hours(end - start), 2),
+            allowed=float(limits.max_slot_hours),
+            **_ceiling_detail(limits, "max_slot_hours"),
         )
     if limits.max_gpus_at_once is not None:
         peak = peak_gpus(held, asked.start, asked.end)

@@ -8,6 +8,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from nodes.models import Gpu, Node
+from portal.fields import moment_problem
 from reservations.constraints import PostgresExclusionConstraint, TsTzRange
 
 
@@ -146,6 +147,11 @@ class MaintenanceWindow(models.Model):
         return f"{target} maintenance {self.start:%Y-%m-%d %H:%M}–{self.end:%Y-%m-%d %H:%M}"
 
     def clean(self) -> None:
+        # The dates every booking keeps to (portal/fields.py): a window ending near the year 9999
+        # overflowed wherever it is shown in a zone east of UTC (a booking refused because of it).
+        problems = {name: moment_problem(value) for name in ("start", "end") if (value := getattr(self, name))}
+        if any(problems.values()):
+            raise ValidationError({name: problem for name, problem in problems.items() if problem})
         if self.start and self.end and self.end <= self.start:
             raise ValidationError({"end": "The end must be after the start."})
         if self.gpu_id and self.node_id and self.gpu.node_id != self.node_id:
@@ -156,7 +162,8 @@ class Limit(models.Model):
     """Booking limits: the site default, a group's, or one user's override.
 
     An empty field means "not set here": a user override falls back to their groups (the most
-    generous group wins), then to the site default; unset everywhere means no limit.
+    generous group wins), then to the site default; unset everywhere means no limit, except for how
+    far ahead and how long, which fall back to the site ceilings MAX_DAYS_AHEAD and MAX_SLOT_HOURS.
     """
 
     class Scope(models.TextChoices):

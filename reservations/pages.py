@@ -23,6 +23,8 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from accounts.selectors import unix_username_requests
+from accounts.services import who_sets_unix_usernames
 from nodes.models import Gpu, cuda_visible_devices
 from reservations import selectors, services
 from reservations.exceptions import BookingError
@@ -52,21 +54,30 @@ class Row:
         return self.reservation.is_live and self.phase != "past"
 
     @property
+    def is_extension_request(self) -> bool:
+        return self.reservation.extends_id is not None and self.reservation.status == Status.PENDING
+
+    @property
     def can_cancel(self) -> bool:
-        return self.live and self.phase == "upcoming"
+        # An extension request can be withdrawn while undecided, even once its time has come.
+        return self.live and (self.phase == "upcoming" or self.is_extension_request)
 
     @property
     def can_release(self) -> bool:
-        return self.live and self.phase == "running"
+        return self.live and self.phase == "running" and not self.is_extension_request
 
     @property
     def can_extend(self) -> bool:
-        return self.live
+        return self.live and self.pending_extension is None
 
     @property
     def shows_access(self) -> bool:
         """Approved and not over: the user will ssh in and needs the GPUs' ids."""
         return self.live and self.reservation.status == Status.APPROVED
+
+    @property
+    def pending_extension(self) -> Reservation | None:
+        return selectors.pending_extension(self.reservation)
 
     @property
     def gpu_indices(self) -> str:
@@ -93,7 +104,9 @@ class Row:
         if r.status == Status.REJECTED:
             return "rejected", "rejected"
         if r.status == Status.PENDING:
-            return ("pending", "never approved") if self.phase == "past" else ("pending", "tentative: pending approval")
+            if self.phase == "past":
+                return "pending", "never approved"
+            return "pending", "extension: pending approval" if r.extends_id else "tentative: pending approval"
         if self.phase == "running":
             return "running", "running"
         if self.phase == "past":
@@ -138,6 +151,7 @@ def my_reservations(request: HttpRequest) -> HttpResponse:
         "groups": groups,
         "extend_hours": EXTEND_HOURS,
         "grid_seconds": settings.BOOKING_GRID_MINUTES * 60,
+        "who_sets_unix_usernames": who_sets_unix_usernames(),
     }
     return render(request, "reservations/mine.html", context)
 
@@ -148,7 +162,8 @@ def pending_approvals(request: HttpRequest) -> HttpResponse:
         return _forbidden(request)
     now = timezone.now()
     pending = selectors.reservation_list(user=request.user).filter(status=Status.PENDING)
-    return render(request, "reservations/pending.html", {"nav": "pending", "rows": _rows(pending, now)})
+    context = {"nav": "pending", "rows": _rows(pending, now), "unix_requests": unix_username_requests()}
+    return render(request, "reservations/pending.html", context)
 
 
 def _forbidden(request: HttpRequest) -> HttpResponse:
@@ -168,6 +183,8 @@ class _BadInput(Exception):
 def _cancel(request: HttpRequest, reservation: Reservation) -> str:
     form = _valid(ReasonForm(request.POST))
     done = services.reservation_cancel(reservation=reservation, actor=request.user, reason=form.cleaned_data["reason"])
+    if done.extends_id is not None:
+        return f"Extension request #{done.pk} withdrawn; reservation #{done.extends_id} ends as before."
     return f"Reservation #{done.pk} cancelled; its GPUs are free for others again."
 
 
@@ -179,12 +196,23 @@ def _release(request: HttpRequest, reservation: Reservation) -> str:
 def _extend(request: HttpRequest, reservation: Reservation) -> str:
     form = _valid(ExtendForm(request.POST))
     done = services.reservation_extend(reservation=reservation, actor=request.user, end=form.new_end(reservation.end))
+    waiting = selectors.pending_extension(done)
+    if waiting is not None:
+        return (
+            f"Extension of reservation #{done.pk} until {_moment(waiting.end)} requested (#{waiting.pk}): it waits "
+            f"for an admin's approval and holds that time meanwhile. Until then the booking ends {_moment(done.end)}."
+        )
     return f"Reservation #{done.pk} extended: it now ends {_moment(done.end)}."
 
 
 def _approve(request: HttpRequest, reservation: Reservation) -> str:
     form = _valid(ReasonForm(request.POST))
     done = services.reservation_approve(reservation=reservation, actor=request.user, reason=form.cleaned_data["reason"])
+    if done.pk != reservation.pk:
+        return (
+            f"Extension #{reservation.pk} of {done.user.get_username()} approved: reservation #{done.pk} now ends "
+            f"{_moment(done.end)}."
+        )
     return f"Reservation #{done.pk} of {done.user.get_username()} approved; the GPUs are theirs from the start."
 
 

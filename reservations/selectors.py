@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 
 from nodes.models import BOOKABLE_GPUS, Gpu, Node
 from reservations.limits import Period
@@ -53,10 +53,29 @@ def reservation_for_update(reservation_id: int) -> Reservation:
     return Reservation.objects.select_for_update(of=("self",)).select_related("user", "node").get(pk=reservation_id)
 
 
+def pending_extension(reservation: Reservation) -> Reservation | None:
+    """The undecided extension of ``reservation`` (there is at most one), or None. Uses the
+    ``pending_extensions`` that ``reservation_list`` prefetches when it is there."""
+    prefetched = getattr(reservation, "pending_extensions", None)
+    if prefetched is not None:
+        return prefetched[0] if prefetched else None
+    return reservation.extensions.filter(status=Reservation.Status.PENDING).order_by("pk").first()
+
+
 def reservation_list(*, user: Any) -> QuerySet[Reservation]:
     """What ``user`` may see: admins everything; researchers their own reservations and everyone
     else's live ones (shown as busy slots by the serializer)."""
-    qs = Reservation.objects.select_related("user", "node", "decided_by").prefetch_related("allocations__gpu")
+    qs = (
+        Reservation.objects.select_related("user", "node", "decided_by", "extends")
+        .prefetch_related("allocations__gpu")
+        .prefetch_related(
+            Prefetch(
+                "extensions",
+                queryset=Reservation.objects.filter(status=Reservation.Status.PENDING).order_by("pk"),
+                to_attr="pending_extensions",
+            )
+        )
+    )
     if not user.is_booking_admin:
         qs = qs.filter(Q(user=user) | Q(status__in=Reservation.LIVE_STATUSES))
     return qs.order_by("start", "id")

@@ -11,6 +11,7 @@ from rest_framework import serializers
 
 from portal.fields import AwareDateTimeField
 from reservations.models import Reservation
+from reservations.selectors import pending_extension
 
 
 class ReservationCreateInput(serializers.Serializer):
@@ -56,6 +57,11 @@ class AllocatedGpuSerializer(serializers.Serializer):
     model = serializers.CharField()
 
 
+class PendingExtensionSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    end = serializers.DateTimeField(help_text="The end asked for; the booking keeps its own end until approved.")
+
+
 class ReservationSerializer(serializers.ModelSerializer):
     """A reservation. For someone else's booking (researchers' view) the private fields are null."""
 
@@ -69,8 +75,17 @@ class ReservationSerializer(serializers.ModelSerializer):
     purpose = serializers.CharField(read_only=True, allow_null=True)
     decision_reason = serializers.CharField(read_only=True, allow_null=True)
     cancel_reason = serializers.CharField(read_only=True, allow_null=True)
+    extends = serializers.IntegerField(
+        source="extends_id",
+        read_only=True,
+        allow_null=True,
+        help_text="Set on a pending extension: the booking it extends (merged into it when approved).",
+    )
+    pending_extension = serializers.SerializerMethodField(
+        help_text="An extension of this booking waiting for an admin's approval, or null."
+    )
 
-    PRIVATE = ("purpose", "decided_by", "decided_at", "decision_reason", "cancel_reason")
+    PRIVATE = ("purpose", "decided_by", "decided_at", "decision_reason", "cancel_reason", "pending_extension")
 
     class Meta:
         model = Reservation
@@ -92,6 +107,8 @@ class ReservationSerializer(serializers.ModelSerializer):
             "cancelled_at",
             "cancel_reason",
             "released_at",
+            "extends",
+            "pending_extension",
         )
         read_only_fields = fields
 
@@ -99,6 +116,11 @@ class ReservationSerializer(serializers.ModelSerializer):
     def get_gpus(self, obj: Reservation) -> list[dict[str, Any]]:
         gpus = sorted((a.gpu for a in obj.allocations.all()), key=lambda gpu: gpu.index)
         return [{"id": g.pk, "index": g.index, "uuid": g.uuid, "model": g.model} for g in gpus]
+
+    @extend_schema_field(PendingExtensionSerializer(allow_null=True))
+    def get_pending_extension(self, obj: Reservation) -> dict[str, Any] | None:
+        waiting = pending_extension(obj)
+        return None if waiting is None else {"id": waiting.pk, "end": waiting.end}
 
     def get_phase(self, obj: Reservation) -> str:
         return obj.phase(self.context.get("now") or timezone.now())

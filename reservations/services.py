@@ -20,8 +20,10 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
+from accounts.services import who_sets_unix_usernames
 from audit.services import audit_record
 from live import broadcast
 from nodes.models import Gpu, Node
@@ -39,7 +41,7 @@ from reservations.exceptions import (
 )
 from reservations.limits import EffectiveLimits, Period, check_limits, effective_limits
 from reservations.models import Allocation, Reservation
-from reservations.timegrid import ceil_to_grid, floor_to_grid, format_moment, format_period
+from reservations.timegrid import ceil_to_grid, floor_to_grid, format_moment, format_period, require_in_calendar
 
 User = get_user_model()
 Status = Reservation.Status
@@ -67,10 +69,11 @@ def reservation_create(
         raise NotAllowed("Only admins can book for someone else.")
     if not user.is_active:
         raise NotAllowed(f"{user.get_username()}'s account is disabled.")
-    if not user.unix_username:
+    if not user.unix_username and not user.unix_username_requested:
+        # A request waiting for an admin is enough to hold a slot; no GPU opens until it is confirmed.
         raise InvalidBooking(
-            f"{user.get_username()} has no unix username yet: set it in the profile first, so the "
-            "GPU nodes know which account gets the GPUs.",
+            f"{user.get_username()} has no unix username yet, so the GPU nodes do not know which account "
+            f"gets the GPUs. {who_sets_unix_usernames()}",
             field="unix_username",
         )
     gpu_ids = _gpu_ids(gpus)
@@ -109,7 +112,11 @@ def reservation_create(
 
 
 def reservation_approve(*, reservation: Reservation, actor: Any, reason: str = "") -> Reservation:
+    """Approve a pending booking; a pending extension is merged into the booking it extends,
+    which is returned."""
     _require_admin(actor, "approve bookings")
+    if reservation.extends_id is not None:
+        return _approve_extension(reservation, actor=actor, reason=reason)
     with _booking_transaction():
         locked = selectors.reservation_for_update(reservation.pk)
         _require_status(locked, (Status.PENDING,), "approved")
@@ -150,17 +157,15 @@ def reservation_cancel(*, reservation: Reservation, actor: Any, reason: str = ""
         now = timezone.now()
         if locked.end <= now:
             raise InvalidState(f"Reservation #{locked.pk} is already over ({format_moment(locked.end)}).")
-        if locked.start <= now and not actor.is_booking_admin:
+        # A pending extension is a request: its owner may withdraw it whenever it is undecided.
+        withdrawing = locked.extends_id is not None and locked.status == Status.PENDING
+        if locked.start <= now and not actor.is_booking_admin and not withdrawing:
             raise InvalidState(
                 f"Reservation #{locked.pk} started at {format_moment(locked.start)}: release it to end it now.",
                 hint="release",
             )
-        before = _snapshot(locked)
-        locked.status = Status.CANCELLED
-        locked.cancelled_by, locked.cancelled_at, locked.cancel_reason = actor, now, (reason or "").strip()
-        locked.save(update_fields=["status", "cancelled_by", "cancelled_at", "cancel_reason"])
-        locked.allocations.update(active=False)
-        _changed(actor, "cancel", locked, before, reason=locked.cancel_reason)
+        _cancel_locked(locked, actor=actor, now=now, reason=(reason or "").strip())
+        _cancel_pending_extensions(locked, actor=actor, now=now, reason=f"reservation #{locked.pk} was cancelled")
     return locked
 
 
@@ -178,18 +183,27 @@ def reservation_release(*, reservation: Reservation, actor: Any) -> Reservation:
             )
         if locked.end <= now:
             raise InvalidState(f"Reservation #{locked.pk} already ended at {format_moment(locked.end)}.")
+        if locked.extends_id is not None and locked.status == Status.PENDING:
+            raise InvalidState(
+                f"Reservation #{locked.pk} is an extension waiting for approval: withdraw it (cancel) instead.",
+                hint="cancel",
+            )
+        _cancel_pending_extensions(locked, actor=actor, now=now, reason=f"reservation #{locked.pk} was released")
         before = _snapshot(locked)
-        # Whole seconds read better everywhere; never let the end reach the start.
-        release_at = max(now.replace(microsecond=0), locked.start + timedelta(seconds=1))
-        locked.end, locked.released_at = release_at, now
-        locked.save(update_fields=["end", "released_at"])
-        locked.allocations.update(end=release_at)
+        _end_now(locked, now)
         _changed(actor, "release", locked, before)
     return locked
 
 
 def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -> Reservation:
-    """Move the end later. The added time passes every check a new booking would."""
+    """Move the end later. The added time passes every check a new booking would.
+
+    Where a new booking would wait for an admin (the node or the owner's limits require approval),
+    so does the added time: it becomes a pending extension, a reservation of its own that
+    ``extends`` this one, holds the slot and opens nothing until an admin approves it; the approved
+    part stays approved and enforced. The booking is returned either way (look for its pending
+    extension with ``selectors.pending_extension``).
+    """
     _require_aware(end, "end")
     new_end = ceil_to_grid(end)
     current = Reservation.objects.select_related("user").get(pk=reservation.pk)
@@ -209,11 +223,18 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
                 f"The new end ({format_moment(new_end)}) must be after the current end ({format_moment(locked.end)}).",
                 field="end",
             )
+        waiting = selectors.pending_extension(locked)
+        if waiting is not None:
+            raise InvalidState(
+                f"Reservation #{locked.pk} already has an extension until {format_moment(waiting.end)} waiting for "
+                f"approval (#{waiting.pk}): wait for the decision, or withdraw it and ask again.",
+                extension=waiting.pk,
+            )
         gpus = _load_gpus(gpu_ids)
         _bookable_node(gpus)
         _check_slot_free(node=locked.node, gpus=gpus, start=locked.end, end=new_end, reservation=locked)
+        limits = effective_limits(locked.user)
         if not actor.is_booking_admin:
-            limits = effective_limits(locked.user)
             check_limits(
                 limits=limits,
                 slot=(locked.start, new_end),
@@ -221,12 +242,44 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
                 held=_held(limits, user=locked.user, start=locked.end, end=new_end),
                 now=now,
             )
+        if locked.status == Status.APPROVED and not actor.is_booking_admin and _approval_required(locked.node, limits):
+            _request_extension(locked, gpus=gpus, end=new_end, actor=actor, now=now)
+            return locked
         before = _snapshot(locked)
         locked.end = new_end
         locked.save(update_fields=["end"])
         _extend_allocations(locked, gpus, new_end)
         _changed(actor, "extend", locked, before)
     return locked
+
+
+def reservations_end_for_inactive_user(*, user: Any, reason: str, actor: Any | None = None) -> list[Reservation]:
+    """A deactivated account keeps nothing: its future bookings are cancelled and its running ones
+    released now, each audited with ``reason``; the nodes get their new state at once.
+
+    The leases already leave out inactive users (nodes.leases), so the GPUs close even before this
+    runs; this makes the calendar, the limits and the records say so too. Idempotent: a booking
+    already over, cancelled or rejected is left as it is. Returns the bookings it ended.
+    """
+    ended = []
+    now = timezone.now()
+    live = Reservation.objects.filter(user=user, status__in=Reservation.LIVE_STATUSES, end__gt=now)
+    # Bookings before their pending extensions, so an extension goes with its booking.
+    for pk in live.order_by(F("extends").asc(nulls_first=True), "start", "pk").values_list("pk", flat=True):
+        with _booking_transaction():
+            locked = selectors.reservation_for_update(pk)
+            now = timezone.now()
+            if locked.user.is_active or locked.status not in Reservation.LIVE_STATUSES or locked.end <= now:
+                continue
+            if locked.start > now or (locked.extends_id is not None and locked.status == Status.PENDING):
+                _cancel_locked(locked, actor=actor, now=now, reason=reason)
+            else:
+                before = _snapshot(locked)
+                _end_now(locked, now)
+                _changed(actor, "release", locked, before, reason=reason)
+            _cancel_pending_extensions(locked, actor=actor, now=now, reason=reason)
+            ended.append(locked)
+    return ended
 
 
 # --- the rules ------------------------------------------------------------------------------
@@ -241,6 +294,7 @@ def _require_aware(value: Any, field: str) -> None:
         raise InvalidBooking(
             f"The {field} has no time zone: give an offset, like 2026-12-03T14:00:00+01:00.", field=field
         )
+    require_in_calendar(value, field)
 
 
 def _snap_slot(start: datetime, end: datetime, now: datetime) -> tuple[datetime, datetime]:
@@ -398,7 +452,14 @@ def _require_status(reservation: Reservation, allowed: Sequence[str], becoming: 
         )
 
 
-def _changed(actor: Any, verb: str, reservation: Reservation, before: dict[str, Any] | None, reason: str = "") -> None:
+def _changed(
+    actor: Any,
+    verb: str,
+    reservation: Reservation,
+    before: dict[str, Any] | None,
+    reason: str = "",
+    mail_verb: str | None = None,
+) -> None:
     """Every state change: audited; once this commits, the node gets its new lease state, open
     pages learn of it (the calendar of the period it touched, the node's status cards) and the
     mails it calls for are queued."""
@@ -417,7 +478,7 @@ def _changed(actor: Any, verb: str, reservation: Reservation, before: dict[str, 
     end = max(datetime.fromisoformat(s["end"]) for s in touched).astimezone(UTC).isoformat()
     broadcast_node_status([reservation.node_id])
     transaction.on_commit(lambda: broadcast.send_calendar_change(node=after["node"], start=start, end=end))
-    mail_after_commit(reservation.pk, verb)
+    mail_after_commit(reservation.pk, mail_verb or verb)
 
 
 def _snapshot(reservation: Reservation) -> dict[str, Any]:
@@ -433,6 +494,90 @@ def _snapshot(reservation: Reservation) -> dict[str, Any]:
 
 
 # --- writing under the locks ----------------------------------------------------------------
+
+
+def _cancel_locked(reservation: Reservation, *, actor: Any, now: datetime, reason: str) -> None:
+    """Cancel a locked, live reservation: its slot is freed for others."""
+    before = _snapshot(reservation)
+    reservation.status = Status.CANCELLED
+    reservation.cancelled_by = actor if getattr(actor, "pk", None) else None
+    reservation.cancelled_at, reservation.cancel_reason = now, reason
+    reservation.save(update_fields=["status", "cancelled_by", "cancelled_at", "cancel_reason"])
+    reservation.allocations.update(active=False)
+    _changed(actor, "cancel", reservation, before, reason=reason)
+
+
+def _cancel_pending_extensions(reservation: Reservation, *, actor: Any, now: datetime, reason: str) -> None:
+    """An undecided extension goes with the booking it extends when that ends early."""
+    for pk in reservation.extensions.filter(status=Status.PENDING).values_list("pk", flat=True):
+        _cancel_locked(selectors.reservation_for_update(pk), actor=actor, now=now, reason=reason)
+
+
+def _end_now(reservation: Reservation, now: datetime) -> None:
+    """End a locked, running reservation now; the rest of its slot is freed."""
+    # Whole seconds read better everywhere; never let the end reach the start.
+    release_at = max(now.replace(microsecond=0), reservation.start + timedelta(seconds=1))
+    reservation.end, reservation.released_at = release_at, now
+    reservation.save(update_fields=["end", "released_at"])
+    reservation.allocations.update(end=release_at)
+
+
+def _request_extension(
+    booking: Reservation, *, gpus: list[Gpu], end: datetime, actor: Any, now: datetime
+) -> Reservation:
+    """The added time as a pending reservation that extends ``booking`` (locked, approved). Its
+    allocations hold the slot like any pending booking's; the admins are asked as for a booking."""
+    extension = Reservation.objects.create(
+        user=booking.user,
+        node=booking.node,
+        start=booking.end,
+        end=end,
+        purpose=booking.purpose,
+        status=Status.PENDING,
+        created_by=actor,
+        created_at=now,
+        extends=booking,
+    )
+    _write_allocations(extension, gpus)
+    _changed(actor, "request_extension", extension, before=None, mail_verb="create")
+    return extension
+
+
+def _approve_extension(extension: Reservation, *, actor: Any, reason: str) -> Reservation:
+    """Merge an approved extension into the booking it extends: the booking ends at the
+    extension's end, and the extension's own record goes (the audit trail keeps both)."""
+    with _booking_transaction():
+        booking = selectors.reservation_for_update(extension.extends_id)
+        locked = selectors.reservation_for_update(extension.pk)
+        _require_status(locked, (Status.PENDING,), "approved")
+        now = timezone.now()
+        if locked.end <= now:
+            raise InvalidState(f"Reservation #{locked.pk} ended at {format_moment(locked.end)}: nothing to approve.")
+        if booking.status != Status.APPROVED or booking.end != locked.start:
+            raise InvalidState(
+                f"Reservation #{booking.pk}, which #{locked.pk} would extend, is no longer running up to its start "
+                f"({booking.get_status_display().lower()}, ends {format_moment(booking.end)}): reject the extension.",
+                status=booking.status,
+            )
+        before = _snapshot(booking)
+        audit_record(
+            actor=actor,
+            action="reservation.approve",
+            target=locked,
+            before=_snapshot(locked),
+            reason=reason.strip() or f"merged into reservation #{booking.pk}",
+        )
+        gpus = list(Gpu.objects.filter(allocations__reservation=booking).order_by("pk"))
+        # The extension's rows give way first: the booking's own rows then take over its slot,
+        # and the exclusion constraint never sees the two overlap.
+        locked.allocations.update(active=False)
+        booking.end = locked.end
+        booking.decided_by, booking.decided_at, booking.decision_reason = actor, now, reason.strip()
+        booking.save(update_fields=["end", "decided_by", "decided_at", "decision_reason"])
+        _extend_allocations(booking, gpus, locked.end)
+        locked.delete()
+        _changed(actor, "extend", booking, before, reason=reason.strip(), mail_verb="extension_approved")
+    return booking
 
 
 def _lock_booking_rows(*, user_id: int, gpu_ids: list[int]) -> None:

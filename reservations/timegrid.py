@@ -7,6 +7,9 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from django.conf import settings
 from django.utils import dateformat, timezone
 
+from portal.fields import moment_problem
+from reservations.exceptions import InvalidBooking
+
 
 def grid() -> timedelta:
     return timedelta(minutes=settings.BOOKING_GRID_MINUTES)
@@ -23,6 +26,15 @@ def floor_to_grid(moment: datetime) -> datetime:
 def ceil_to_grid(moment: datetime) -> datetime:
     floored = floor_to_grid(moment)
     return floored if floored == moment else floored + grid()
+
+
+def require_in_calendar(moment: datetime, field: str) -> None:
+    """Refuse an aware time outside the dates the portal takes (portal.fields.moment_problem) as an
+    invalid booking naming ``field``: the grid, the limits and every message about the slot add to
+    it or show it in a reader's zone, which would overflow near the years 1 and 9999."""
+    problem = moment_problem(moment)
+    if problem:
+        raise InvalidBooking(f"{field.capitalize()}: {problem[0].lower()}{problem[1:]}", field=field)
 
 
 # Messages name times in the zone of whoever reads them: the middleware activates the user's zone
@@ -53,5 +65,5 @@ def hours(delta: timedelta) -> float:
 
 
 def format_hours(value: float) -> str:
-    """38.0 -> '38', 2.25 -> '2.25'."""
-    return f"{round(value, 2):g}"
+    """38.0 -> '38', 2.25 -> '2.25', 8502660.0 -> '8502660' (never '8.50266e+06')."""
+    return f"{value:.2f}".rstrip("0").rstrip(".")

@@ -23,6 +23,18 @@ def fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def fresh_token_throttle():
+    """Failed API tokens are counted per client address in Redis (accounts/throttling.py), which
+    outlives a test, and the frozen clock puts many tests in the same minute: each test starts with
+    none counted, so one test's wrong tokens never throttle another's."""
+    from accounts.throttling import FAILED_TOKENS_PATTERN
+    from portal.redis_client import redis_client
+
+    for key in redis_client().scan_iter(FAILED_TOKENS_PATTERN):
+        redis_client().delete(key)
+
+
 @pytest.fixture
 def alice(db):
     return UserFactory(username="alice")

@@ -186,6 +186,67 @@ def test_booking_options_are_checked_before_asking(cli_for, alice, gpus):
     assert not Reservation.objects.exists()
 
 
+# --- times at the calendar's edge ----------------------------------------------------------------
+# The portal takes times from 1970 to 2999 (UTC) and says so; the CLI passes its words on (exit 1)
+# and never shows a traceback, even where its own arithmetic would overflow (exit 2).
+
+EDGE = "outside the dates the portal takes: give a time from 1970-01-01 to 2999-12-31 (UTC)"
+
+
+@pytest.mark.parametrize(
+    "end", ["9999-12-31T23:59Z", "9999-12-31T23:59:59-23:59", "0001-01-01T00:00-05:00", "2030-01-07T12:00+23:59"]
+)
+def test_booking_at_the_calendars_edge_fails_with_the_portals_words(cli_for, alice, gpus, start, end):
+    result = cli_for(alice)("book", "--gpu-ids", gpus[0].pk, "--start", iso(start), "--end", end)
+    assert_clean_failure(result, 1)
+    assert result.stderr.startswith("error: Invalid input — end: ")
+    assert EDGE in result.stderr or "is no time zone's" in result.stderr
+    assert not Reservation.objects.exists()
+
+
+def test_extending_to_the_calendars_edge_fails_with_the_portals_words(cli_for, alice, gpus, start):
+    reservation = reservation_create(user=alice, gpus=gpus[:1], start=start, end=start + timedelta(hours=1))
+    result = cli_for(alice)("extend", reservation.pk, "--end", "9999-12-31T23:59:59Z")
+    assert_clean_failure(result, 1)
+    assert EDGE in result.stderr
+    reservation.refresh_from_db()
+    assert reservation.end == start + timedelta(hours=1)
+
+
+def test_availability_after_the_calendars_edge_fails_with_the_portals_words(cli_for, alice, gpus):
+    result = cli_for(alice)("available", "--gpus", 1, "--hours", 1, "--after", "9999-12-30T00:00Z")
+    assert_clean_failure(result, 1)
+    assert result.stderr.startswith("error: Invalid input — after: ")
+    assert EDGE in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        # The end the CLI computes from --hours would pass the year 9999.
+        (("--start", "9999-12-31T23:00Z", "--hours", 2), "plus 2 hours is past the year 9999"),
+        (("--start", "now", "--hours", "1e12"), "plus 1e+12 hours is past the year 9999"),
+        # A local time this close to the edge has no offset this machine can give it.
+        (("--start", "9999-12-31T23:59", "--hours", 1), "too near the year 1 or 9999"),
+        (("--start", "0001-01-01T00:00", "--hours", 1), "too near the year 1 or 9999"),
+    ],
+)
+def test_times_the_cli_cannot_even_compute_are_usage_errors(cli_for, alice, gpus, args, words):
+    cli = cli_for(alice)
+    cli.env["TZ"] = "EST+5"  # west of UTC: 9999-12-31T23:59 local is in the year 10000 in UTC
+    result = cli("book", "--gpu-ids", gpus[0].pk, *args)
+    assert_clean_failure(result, 2)
+    assert words in result.stderr
+    assert not Reservation.objects.exists()
+
+
+def test_extending_by_hours_past_the_year_9999_is_a_usage_error(cli_for, alice, gpus, start):
+    reservation = reservation_create(user=alice, gpus=gpus[:1], start=start, end=start + timedelta(hours=1))
+    result = cli_for(alice)("extend", reservation.pk, "--hours", "1e12")
+    assert_clean_failure(result, 2)
+    assert "plus 1e+12 hours is past the year 9999" in result.stderr
+
+
 # --- extend, cancel, release ---------------------------------------------------------------------
 
 
@@ -201,6 +262,25 @@ def test_extend_by_hours_and_to_an_end(cli_for, alice, gpus, start):
 
     body = cli.json("extend", reservation.pk, "--end", iso(start + timedelta(hours=3)))
     assert parse(body["end"]) == start + timedelta(hours=3)
+
+
+def test_an_extension_that_needs_approval_says_it_waits(cli_for, alice, carol, gpus, start):
+    node = gpus[0].node
+    node.requires_approval = True
+    node.save()
+    reservation = reservation_create(
+        user=alice, gpus=gpus[:1], start=start, end=start + timedelta(hours=1), actor=carol
+    )
+
+    result = cli_for(alice)("extend", reservation.pk, "--hours", 2)
+
+    assert result.returncode == 0, result.stderr
+    waiting = Reservation.objects.get(extends=reservation)
+    assert result.stdout.splitlines()[0].startswith("Extension until ")
+    assert f"requested (#{waiting.pk}) for" in result.stdout
+    assert "It waits for an admin's approval" in result.stdout
+    reservation.refresh_from_db()
+    assert reservation.end == start + timedelta(hours=1)
 
 
 def test_cancel_with_a_reason(cli_for, alice, gpus, start):

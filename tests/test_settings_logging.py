@@ -75,3 +75,22 @@ def test_the_default_stays_plain_and_a_wrong_format_is_refused(tmp_path):
     assert plain.stderr.strip().endswith("WARNING portal.x hi")
     wrong = run(["-c", code], tmp_path, LOG_FORMAT="xml")
     assert "LOG_FORMAT='xml': use plain or json." in wrong.stderr
+
+
+def test_a_request_records_path_never_holds_a_feed_secret():
+    request = RequestFactory().get("/feeds/17.n3.Zk3qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqq.ics")
+    data = json.loads(JsonFormatter().format(record("Not Found", request=request, status_code=404)))
+    assert data["path"] == "/feeds/17.n3.[redacted].ics"
+
+
+def test_with_debug_on_a_request_line_is_written_once_and_redacted(tmp_path):
+    # Django's default "django" handlers (a console one under DEBUG) would write a second, unfiltered line.
+    code = (
+        "import django, logging; django.setup(); "
+        "logging.getLogger('django.request').warning('Not Found: %s', '/feeds/1.mine.secretsecret.ics')"
+    )
+    done = run(["-c", code], tmp_path, DEBUG="1")
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "Not Found" in line]
+    assert len(lines) == 1
+    assert lines[0].endswith("WARNING django.request Not Found: /feeds/1.mine.[redacted].ics")

@@ -29,8 +29,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nodes.agent import acl, cleanup, procfs
+from nodes.agent.accounts import AccountCheck
 from nodes.agent.config import AgentConfig
-from nodes.agent.snapshot import Snapshot, SnapshotRefused, parse_snapshot
+from nodes.agent.snapshot import Lease, Snapshot, SnapshotRefused, parse_snapshot
 from nodes.agent.store import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class Enforcer:
         store: SnapshotStore,
         report: Report,
         clock: Callable[[], datetime] = utcnow,
+        accounts: AccountCheck | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
@@ -95,6 +97,9 @@ class Enforcer:
         self._nvml_pids: dict[str, set[int]] = {}
         self.drained: set[str] = set()
         self._uid_min = procfs.uid_min()
+        # The node's own word on who may have a GPU: an account it has, with an ordinary uid.
+        self.accounts = accounts or AccountCheck(uid_min=self._uid_min, protected=config.protected_users)
+        self._refused_leases: set[tuple[int, str]] = set()  # reported already
         self._threads: list[threading.Thread] = []
         # Changes to different GPUs run side by side; each touches only its own GPU's state.
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent-acl")
@@ -130,6 +135,10 @@ class Enforcer:
             self._failures_seen.clear()
             self._unknown_gpus_seen.clear()
         self.report("snapshot_applied", version=snapshot.version, leases=len(snapshot.leases))
+        # Look every account up now, off the boundary path: a refusal is reported before its slot
+        # starts, and the boundary finds the answer cached.
+        for lease in snapshot.leases:
+            self._lease_refused(lease)
         self._wake.set()
         return "applied"
 
@@ -157,6 +166,9 @@ class Enforcer:
             # A rotated secret or an edited file: trust nothing, so every grant is removed.
             log.error("stored snapshot not trusted (%s); starting with no leases", refusal)
             self.report("snapshot_refused", message=f"stored snapshot: {refusal}")
+            return
+        for lease in self._snapshot.leases:
+            self._lease_refused(lease)
 
     # -- what should be ---------------------------------------------------------------------
 
@@ -165,7 +177,7 @@ class Enforcer:
         wanted: dict[str, set[str]] = {uuid: set() for uuid in self.paths}
         snapshot = self._snapshot
         for lease in snapshot.leases if snapshot else ():
-            if not lease.active_at(now):
+            if not lease.active_at(now) or self._lease_refused(lease):
                 continue
             for uuid in lease.gpus:
                 if uuid in wanted:
@@ -174,6 +186,21 @@ class Enforcer:
                     self._unknown_gpus_seen.add(uuid)
                     self.report("unknown_gpu", gpu=uuid, user=lease.user, reservation=lease.reservation)
         return wanted
+
+    def _lease_refused(self, lease: Lease) -> bool:
+        """Whether this node refuses the lease's account (no such account, a system account, a
+        protected one): that lease alone is not enforced, and the refusal is reported once."""
+        reason = self.accounts.refusal(lease.user)
+        if reason is None:
+            return False
+        key = (lease.reservation, lease.user)
+        if key not in self._refused_leases:
+            if len(self._refused_leases) > 10_000:
+                self._refused_leases.clear()
+            self._refused_leases.add(key)
+            log.warning("lease of reservation %d refused: %s", lease.reservation, reason)
+            self.report("lease_refused", user=lease.user, reservation=lease.reservation, message=reason)
+        return True
 
     def next_boundary(self, now: datetime) -> datetime | None:
         """The first lease start or end, or cleanup deadline, after ``now``."""

@@ -695,19 +695,25 @@
   }
 
   const endsAt = (result) => formatWall(wallAt(result.end));
+  // Where booking needs approval, so does an extension: the booking keeps its end meanwhile.
+  const extended = (result) => (result.pending_extension
+    ? `Extension of booking #${result.id} until ${endsAt(result.pending_extension)} requested ` +
+      `(#${result.pending_extension.id}): it waits for an admin's approval; until then the booking ends ${endsAt(result)}.`
+    : `Booking #${result.id} now ends ${endsAt(result)} (extended).`);
 
-  held.cancel.addEventListener('click', () => act('cancel', {}, (r) => `Booking #${r.id} cancelled.`));
+  held.cancel.addEventListener('click', () => act('cancel', {}, (r) => (r.extends
+    ? `Extension request #${r.id} withdrawn.` : `Booking #${r.id} cancelled.`)));
   held.release.addEventListener('click', () => act('release', {}, (r) => `Booking #${r.id} released at ${endsAt(r)}.`));
   held.extendHour.addEventListener('click', () => {
     const end = new Date(msOf(current.endWall) + HOUR_MS).toISOString();
-    act('extend', {end}, (r) => `Booking #${r.id} now ends ${endsAt(r)} (extended).`);
+    act('extend', {end}, extended);
   });
   held.extendTo.addEventListener('click', () => {
     if (!held.end.value) {
       showError(held.error, 'Give the new end.');
       return;
     }
-    act('extend', {end: instantOf(held.end.value)}, (r) => `Booking #${r.id} now ends ${endsAt(r)} (extended).`);
+    act('extend', {end: instantOf(held.end.value)}, extended);
   });
   $('reservation-close').addEventListener('click', () => held.dialog.close());
   held.dialog.addEventListener('close', () => {
@@ -727,7 +733,7 @@
     try {
       const result = await api('POST', actionUrl(ext.reservation, 'extend'), {end});
       showPageError('');
-      announce(`Booking #${result.id} now ends ${endsAt(result)} (extended).`);
+      announce(extended(result));
       calendar.refetchEvents();
     } catch (error) {
       info.revert();

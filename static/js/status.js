@@ -5,7 +5,8 @@
  * node's whole cards again when a booking, maintenance window, drain, slot boundary or a return
  * from offline changes them (nodes/status.py builds them; this only draws).
  * Admins also follow "events": what the agents did and saw, newest first; and "alerts": the open
- * alerts (alerts/), a full list on (re)connecting, then each one as it opens or resolves.
+ * alerts (alerts/), a full list on (re)connecting, then each one as it opens or resolves. An alert
+ * about the portal itself (periodic jobs late) has no node.
  *
  * Every value is written with textContent: names and reasons come from users and nodes.
  */
@@ -159,6 +160,14 @@
       section.append(el('p', 'muted node-agent', `Agent ${node.agent.version || '?'} (${node.agent.backend || '?'}` +
         `${node.agent.driver_version ? `, driver ${node.agent.driver_version}` : ''})` +
         `${known(skew) ? `, clock ${skew >= 0 ? '+' : ''}${skew.toFixed(1)} s` : ''}`));
+      if (node.agent.events_dropped) {
+        // Past NODE_EVENTS_PER_MINUTE the portal counts the agent's events instead of storing them.
+        const dropped = el('p', 'node-note events-dropped',
+          `${node.agent.events_dropped} events over the per-minute budget were counted, not stored` +
+          `${node.agent.events_dropped_at ? ` (last ${when(node.agent.events_dropped_at)})` : ''}.`);
+        dropped.dataset.role = 'events-dropped';
+        section.append(dropped);
+      }
     }
     const cards = el('div', 'cards');
     cards.append(...node.gpus.map((gpu) => gpuCard(node, gpu)));
@@ -299,7 +308,8 @@
   function alertItem(alert) {
     const item = el('li', `alert alert-${alert.kind}`);
     item.dataset.alert = alert.id;
-    const where = `${alert.node}${known(alert.gpu) ? ` GPU ${alert.gpu}` : ''}${alert.user ? ` · ${alert.user}` : ''}`;
+    const where = `${alert.node ?? 'The portal'}${known(alert.gpu) ? ` GPU ${alert.gpu}` : ''}` +
+      `${alert.user ? ` · ${alert.user}` : ''}`;
     const head = el('div', 'alert-head');
     head.append(el('span', 'badge alert-kind', alert.label), el('strong', 'alert-where', where));
     const since = el('time', 'alert-since', `since ${when(alert.opened_at)}`);

@@ -1,4 +1,4 @@
-"""The profile page: settings (unix username set once, time zone, reminders) and API tokens."""
+"""The profile page: settings (unix username request, time zone, reminders) and API tokens."""
 
 from __future__ import annotations
 
@@ -70,8 +70,8 @@ def test_the_profile_page_shows_the_settings(alice):
     html = response.content.decode()
     assert '<option value="Europe/Berlin" selected>' in html
     assert '<option value="America/New_York">' in html
-    assert 'id="id_unix_username" value="alice" readonly' in html
-    assert "ask an admin to change it" in html
+    assert 'name="unix_username_requested" value="alice"' in html
+    assert "Confirmed: your GPUs open for <strong>alice</strong>." in html
 
 
 def test_token_actions_take_post_only(alice):
@@ -103,24 +103,30 @@ def test_revoke_needs_the_csrf_token(alice):
 # --- settings --------------------------------------------------------------------------------
 
 
-def test_a_newcomer_sets_their_unix_username_once(newcomer):
+def test_a_newcomer_requests_a_unix_username_and_nothing_is_granted_until_an_admin_confirms(newcomer):
     client = logged_in(newcomer)
     html = client.get(PROFILE).content.decode()
-    assert 'name="unix_username"' in html
+    assert 'name="unix_username_requested" value=""' in html
+    assert "None yet: request one" in html
 
-    response = client.post(PROFILE, settings_post(unix_username="dana_lab"), follow=True)
-    assert flashed(response) == ["Profile saved: unix username dana_lab."]
+    response = client.post(PROFILE, settings_post(unix_username_requested="dana_lab"), follow=True)
+    assert flashed(response) == [
+        "Profile saved: unix username dana_lab requested: an admin confirms it before any GPU opens for it."
+    ]
     newcomer.refresh_from_db()
-    assert newcomer.unix_username == "dana_lab"
-    entry = AuditEntry.objects.get(action="user.profile")
-    assert (entry.before, entry.after) == ({"unix_username": None}, {"unix_username": "dana_lab"})
+    assert (newcomer.unix_username, newcomer.unix_username_requested) == (None, "dana_lab")
+    entry = AuditEntry.objects.get(action="user.unix_username.request")
+    assert (entry.before, entry.after) == ({"unix_username_requested": ""}, {"unix_username_requested": "dana_lab"})
+    assert "<strong>dana_lab</strong> waits for an admin's confirmation" in response.content.decode()
 
-    response = client.post(PROFILE, settings_post(unix_username="root_of_all"), follow=True)
+    response = client.post(PROFILE, settings_post(unix_username_requested="dana_gpu"), follow=True)  # changed mind
     newcomer.refresh_from_db()
-    assert newcomer.unix_username == "dana_lab"
-    html = response.content.decode()
-    assert 'name="unix_username"' not in html
-    assert "ask an admin to change it" in html
+    assert (newcomer.unix_username, newcomer.unix_username_requested) == (None, "dana_gpu")
+
+    client.post(PROFILE, settings_post(unix_username_requested=""), follow=True)
+    newcomer.refresh_from_db()
+    assert newcomer.unix_username_requested == ""
+    assert AuditEntry.objects.filter(action="user.unix_username.withdraw").count() == 1
 
 
 @pytest.mark.parametrize(
@@ -128,18 +134,42 @@ def test_a_newcomer_sets_their_unix_username_once(newcomer):
     [
         ("Dana", "&#x27;Dana&#x27; is not a valid unix username"),
         ("da na", "&#x27;da na&#x27; is not a valid unix username"),
-        ("root", "&#x27;root&#x27; is a system account"),
-        ("alice", "Another portal account already has this unix username. If it is yours, ask an admin."),
+        ("root", "&#x27;root&#x27; is a system or service account"),
+        ("www-data", "&#x27;www-data&#x27; is a system or service account"),
+        (
+            "alice",
+            "&#x27;alice&#x27; is already the unix username of another portal account. If it is yours, ask an admin.",
+        ),
     ],
 )
 def test_a_bad_or_taken_unix_username_is_refused_next_to_the_field(newcomer, alice, name, error):
-    response = logged_in(newcomer).post(PROFILE, settings_post(unix_username=name, timezone="Asia/Tokyo"))
+    response = logged_in(newcomer).post(PROFILE, settings_post(unix_username_requested=name, timezone="Asia/Tokyo"))
     assert response.status_code == 200
     html = response.content.decode()
     assert error in html
     assert 'aria-invalid="true"' in html
     newcomer.refresh_from_db()
-    assert (newcomer.unix_username, newcomer.timezone) == (None, "UTC")
+    assert (newcomer.unix_username, newcomer.unix_username_requested, newcomer.timezone) == (None, "", "UTC")
+
+
+@pytest.mark.parametrize(
+    ("source", "sentence"),
+    [
+        ("admin", "Only an admin of the portal sets it: ask one."),
+        ("directory", "It comes from the institutional directory when you log in"),
+    ],
+)
+def test_where_admins_or_the_directory_set_it_a_researcher_cannot_ask(newcomer, settings, source, sentence):
+    settings.UNIX_USERNAME_SOURCE = source
+    client = logged_in(newcomer)
+    html = client.get(PROFILE).content.decode()
+    assert "unix_username_requested" not in html
+    assert sentence in html
+
+    client.post(PROFILE, settings_post(unix_username_requested="dana_lab", timezone="Asia/Tokyo"))
+
+    newcomer.refresh_from_db()
+    assert (newcomer.unix_username, newcomer.unix_username_requested, newcomer.timezone) == (None, "", "Asia/Tokyo")
 
 
 def test_the_time_zone_and_reminder_are_saved(alice):

@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.conf import settings as django_settings
+from django.test import Client
 from django.urls import NoReverseMatch, reverse
 
 from accounts.models import User
@@ -29,22 +30,29 @@ jwt = pytest.importorskip("jwt")  # mozilla-django-oidc's own dependency
 CLIENT_ID = "gpu-portal"
 CLIENT_SECRET = "a-client-secret-long-enough-for-hs256-0123456789"
 OIDC_BACKEND = "accounts.sso_oidc.PortalOIDCBackend"
+AXES_BACKEND = "axes.backends.AxesStandaloneBackend"
+MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
 
 class Provider:
-    """An OpenID provider's token and userinfo endpoints; the test sets the next login's claims."""
+    """An OpenID provider's token and userinfo endpoints; the test sets the next login's subject and
+    claims (a "sub" among the claims makes the userinfo answer disagree with the ID token)."""
 
     def __init__(self) -> None:
+        self.sub = "sub-1"
+        self.userinfo_sub: str | None = None
         self.claims: dict[str, Any] = {}
+        self.token_requests = 0
         self.nonce = ""
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers["Content-Length"]))
+                provider.token_requests += 1
                 now = int(time.time())
                 id_token = jwt.encode(
-                    {"iss": provider.url, "aud": CLIENT_ID, "sub": "sub-1", "iat": now, "exp": now + 60}
+                    {"iss": provider.url, "aud": CLIENT_ID, "sub": provider.sub, "iat": now, "exp": now + 60}
                     | {"nonce": provider.nonce},
                     CLIENT_SECRET,
                     algorithm="HS256",
@@ -53,7 +61,7 @@ class Provider:
 
             def do_GET(self) -> None:
                 assert self.headers["Authorization"] == "Bearer access-1"
-                self.reply({"sub": "sub-1", **provider.claims})
+                self.reply({"sub": provider.userinfo_sub or provider.sub, **provider.claims})
 
             def reply(self, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()
@@ -80,7 +88,7 @@ def provider() -> Iterator[Provider]:
 
 @pytest.fixture
 def oidc(settings, provider) -> Provider:
-    settings.AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend", OIDC_BACKEND]
+    settings.AUTHENTICATION_BACKENDS = [AXES_BACKEND, MODEL_BACKEND, OIDC_BACKEND]
     settings.ROOT_URLCONF = "tests.accounts.sso_urls"
     settings.OIDC_ENABLED = True
     settings.OIDC_RP_CLIENT_ID = CLIENT_ID
@@ -93,12 +101,16 @@ def oidc(settings, provider) -> Provider:
     settings.OIDC_USE_PKCE = True
     settings.OIDC_STAFF_GROUPS = ["gpu-admins"]
     settings.LOGIN_REDIRECT_URL_FAILURE = "/accounts/login/"
+    settings.UNIX_USERNAME_SOURCE = "directory"  # the default with a unix username claim named
+    settings.OIDC_UNIX_USERNAME_CLAIM = "uid"
     return provider
 
 
-def log_in(client, provider: Provider, **claims: Any):
+def log_in(client, provider: Provider, sub: str = "sub-1", userinfo_sub: str | None = None, **claims: Any):
     """The browser's side of the code flow: the portal sends it to the provider, which sends it back
-    with a code; the portal then asks the provider for the tokens and the claims."""
+    with a code; the portal then asks the provider for the tokens and the claims of subject ``sub``
+    (``userinfo_sub``: a userinfo answer about someone else)."""
+    provider.sub, provider.userinfo_sub = sub, userinfo_sub
     provider.claims = claims
     start = client.get("/oidc/authenticate/")
     assert start.status_code == 302
@@ -116,6 +128,7 @@ def logged_in_as(client) -> User | None:
 
 CLAIMS = {
     "preferred_username": "dana",
+    "uid": "dana",
     "given_name": "Dana",
     "family_name": "Scully",
     "email": "dana@example.org",
@@ -125,7 +138,7 @@ CLAIMS = {
 
 
 def test_with_nothing_configured_only_local_accounts_log_in(client, db):
-    assert django_settings.AUTHENTICATION_BACKENDS == ["django.contrib.auth.backends.ModelBackend"]
+    assert django_settings.AUTHENTICATION_BACKENDS == [AXES_BACKEND, MODEL_BACKEND]
     assert django_settings.OIDC_ENABLED is False
     with pytest.raises(NoReverseMatch):
         reverse("oidc_authentication_init")
@@ -154,6 +167,7 @@ def test_a_first_login_creates_the_user_from_the_claims(client, oidc, db):
     )
     assert not dana.has_usable_password()
     assert dana.is_staff is False
+    assert dana.oidc_sub == "sub-1"  # later logins find the account by it
 
 
 def test_the_next_login_updates_the_user(client, oidc, db):
@@ -169,7 +183,7 @@ def test_the_next_login_updates_the_user(client, oidc, db):
 @pytest.mark.parametrize(
     ("unix_username", "reason"),
     [
-        ("root", "is a system account"),
+        ("root", "is a system or service account"),
         ("../x", "is not a valid unix username"),
         ("Dana", "is not a valid unix username"),
         ("dana\n", "is not a valid unix username"),
@@ -216,11 +230,139 @@ def test_an_unverified_email_never_matches_an_account(client, oidc, db):
     assert mallory.email == ""  # not stored either
 
 
-def test_a_verified_email_finds_an_existing_local_account(client, oidc, settings, db):
+def test_a_verified_email_never_links_an_existing_account(client, oidc, settings, db):
     settings.OIDC_UNIX_USERNAME_CLAIM = "uid"
     bob = UserFactory(username="bob", email="Bob@example.org", unix_username="bob")
-    log_in(client, oidc, **(CLAIMS | {"preferred_username": "bob.b", "email": "bob@example.org", "uid": "bob"}))
-    assert logged_in_as(client).pk == bob.pk
+    log_in(client, oidc, sub="sub-mallory", **(CLAIMS | {"preferred_username": "mallory", "email": "bob@example.org"}))
+    mallory = logged_in_as(client)
+    assert mallory.pk != bob.pk
+    assert mallory.username == "mallory"
+
+
+def refusal_on_the_login_page(client) -> str:
+    return client.get("/accounts/login/").content.decode()
+
+
+def test_a_renamed_username_or_email_at_the_provider_lands_on_the_same_account(client, oidc, settings, db):
+    settings.OIDC_UNIX_USERNAME_CLAIM = "uid"
+    log_in(client, oidc, **(CLAIMS | {"uid": "dana"}))
+    dana = logged_in_as(client)
+    client.logout()
+
+    log_in(client, oidc, **(CLAIMS | {"uid": "dana", "preferred_username": "dana.scully", "email": "ds@example.org"}))
+
+    assert logged_in_as(client).pk == dana.pk
+    dana.refresh_from_db()
+    assert (dana.username, dana.unix_username, dana.email) == ("dana", "dana", "ds@example.org")
+    assert not User.objects.filter(username="dana.scully").exists()
+
+
+def test_another_subject_claiming_a_linked_username_is_refused(client, oidc, db):
+    log_in(client, oidc, **CLAIMS)
+    client.logout()
+
+    done = log_in(client, oidc, sub="sub-mallory", **CLAIMS)
+
+    assert done["Location"] == "/accounts/login/"
+    assert logged_in_as(client) is None
+    assert User.objects.get(username="dana").oidc_sub == "sub-1"
+    page = refusal_on_the_login_page(client)
+    assert "Institutional login refused for &#x27;dana&#x27;" in page
+    assert "Ask an administrator to link it" in page
+
+
+@pytest.mark.parametrize("flags", [{"is_staff": True}, {"is_superuser": True}], ids=["staff", "superuser"])
+def test_a_new_subject_claiming_a_staff_accounts_username_is_refused(client, oidc, db, flags):
+    # Even a staff account an earlier institutional login made (no password) is linked only by an admin.
+    admin = UserFactory(username="carol", **flags)
+    admin.set_unusable_password()
+    admin.save()
+
+    done = log_in(client, oidc, sub="sub-eve", **(CLAIMS | {"preferred_username": "carol", "groups": ["gpu-admins"]}))
+
+    assert done["Location"] == "/accounts/login/"
+    assert logged_in_as(client) is None
+    assert list(User.objects.values_list("username", "oidc_sub")) == [("carol", None)]
+    page = refusal_on_the_login_page(client)
+    assert "the portal account &#x27;carol&#x27; is not linked to your institutional identity" in page
+    assert "set the account&#x27;s OpenID Connect subject to &#x27;sub-eve&#x27;" in page
+
+
+def test_a_local_account_with_a_password_is_never_linked_by_its_username(client, oidc, db):
+    bob = UserFactory(username="bob")
+    log_in(client, oidc, sub="sub-someone", **(CLAIMS | {"preferred_username": "bob"}))
+    assert logged_in_as(client) is None
+    bob.refresh_from_db()
+    assert bob.oidc_sub is None
+    assert "not linked to your institutional identity" in refusal_on_the_login_page(client)
+
+
+def test_an_account_an_earlier_institutional_login_made_is_linked_on_its_next_login_and_then_only_to_it(
+    client, oidc, db
+):
+    dana = UserFactory(username="dana")  # made before subjects were stored: no password, no subject
+    dana.set_unusable_password()
+    dana.save()
+
+    log_in(client, oidc, sub="sub-dana", **CLAIMS)
+    assert logged_in_as(client).pk == dana.pk
+    dana.refresh_from_db()
+    assert dana.oidc_sub == "sub-dana"
+    client.logout()
+
+    log_in(client, oidc, sub="sub-other", **CLAIMS)
+    assert logged_in_as(client) is None
+
+
+def test_an_admin_links_a_staff_account_in_django_admin_and_it_then_logs_in(client, oidc, db):
+    carol = UserFactory(username="carol", is_staff=True, is_superuser=True)
+    admin = Client()
+    admin.force_login(carol)
+    url = f"/admin/accounts/user/{carol.pk}/change/"
+    page = admin.get(url).content.decode()
+    assert "OpenID Connect subject" in page
+    assert "never by username or email" in page  # the help text says what the field does
+
+    form = {
+        "username": "carol",
+        "email": carol.email,
+        "is_active": "on",
+        "is_staff": "on",
+        "is_superuser": "on",
+        "date_joined_0": "2030-01-01",
+        "date_joined_1": "09:00:00",
+        "oidc_sub": "sub-carol",
+    }
+    saved = admin.post(url, form)
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    carol.refresh_from_db()
+    assert carol.oidc_sub == "sub-carol"
+
+    log_in(client, oidc, sub="sub-carol", **(CLAIMS | {"preferred_username": "carol-idp", "groups": ["gpu-admins"]}))
+    assert logged_in_as(client).pk == carol.pk
+    carol.refresh_from_db()
+    assert carol.is_staff and carol.is_superuser and carol.username == "carol"
+
+
+def test_a_userinfo_answer_about_another_subject_refuses_the_login(client, oidc, db):
+    log_in(client, oidc, sub="sub-1", userinfo_sub="sub-2", **CLAIMS)
+    assert logged_in_as(client) is None
+    assert not User.objects.exists()
+    assert "answers were about two people" in refusal_on_the_login_page(client)
+
+
+def test_an_address_locked_out_by_failed_passwords_is_refused_before_the_provider_is_asked(client, oidc, db):
+    for attempt in range(5):
+        client.post("/accounts/login/", {"username": f"guess-{attempt}", "password": "wrong"})
+    asked = oidc.token_requests
+
+    done = log_in(client, oidc, **CLAIMS)
+
+    assert done.status_code == 429
+    assert "Too many failed logins" in done.content.decode()
+    assert int(done["Retry-After"]) > 0
+    assert oidc.token_requests == asked
+    assert logged_in_as(client) is None
 
 
 # Settings wiring, read by a fresh interpreter as a deployment would.
@@ -246,7 +388,7 @@ def test_the_oidc_environment_adds_the_backend_and_the_urls(tmp_path):
     label = "Log in with your university account"
     done = run(["-c", code], tmp_path, **OIDC_ENV, OIDC_LOGIN_LABEL=label, ALLOWED_HOSTS="testserver")
     assert done.returncode == 0, done.stderr
-    assert f"['django.contrib.auth.backends.ModelBackend', '{OIDC_BACKEND}'] /oidc/callback/ True" in done.stdout
+    assert f"['{AXES_BACKEND}', '{MODEL_BACKEND}', '{OIDC_BACKEND}'] /oidc/callback/ True" in done.stdout
     assert "Log in with your university account</a>" in done.stdout
     values = read_settings(tmp_path, ["OIDC_RP_SIGN_ALGO", "OIDC_STAFF_GROUPS"], **OIDC_ENV)
     assert values == {"OIDC_RP_SIGN_ALGO": "RS256", "OIDC_STAFF_GROUPS": ["gpu-admins", "hpc-staff"]}
@@ -282,7 +424,7 @@ def test_the_ldap_environment_configures_django_auth_ldap(tmp_path):
     assert done.returncode == 0, done.stderr
     backends, search, groups = done.stdout.splitlines()[-3:]
     assert backends == (
-        "['accounts.sso_ldap.PortalLDAPBackend', 'django.contrib.auth.backends.ModelBackend'] "
+        f"['{AXES_BACKEND}', 'accounts.sso_ldap.PortalLDAPBackend', '{MODEL_BACKEND}'] "
         "ldaps://ldap.example.org cn=portal,ou=services,dc=example,dc=org bind-secret"
     )
     assert search == (
@@ -315,6 +457,7 @@ def ldap_user_from(entry: dict[str, list[str]], username: str = "dana"):
 def ldap_settings(settings):
     settings.AUTH_LDAP_USER_ATTR_MAP = {"first_name": "givenName", "last_name": "sn", "email": "mail"}
     settings.LDAP_UNIX_USERNAME_ATTR = "uid"
+    settings.UNIX_USERNAME_SOURCE = "directory"  # the default with institutional login configured
 
 
 def test_an_ldap_login_populates_the_user_and_its_unix_username(db, ldap_settings):
@@ -332,3 +475,11 @@ def test_an_ldap_entry_with_a_hostile_unix_username_is_refused(db, ldap_settings
     with pytest.raises(ldap_user.AuthenticationFailed, match="Institutional login refused for 'eve'"):
         ldap_user._get_or_create_user(force_populate=True)
     assert "Institutional login refused for 'eve'" in caplog.text
+
+
+def test_without_a_unix_username_claim_a_renamed_username_claim_opens_nothing(client, oidc, db, settings):
+    """preferred_username is editable at some providers: it never names the node account."""
+    settings.OIDC_UNIX_USERNAME_CLAIM = ""
+    log_in(client, oidc, **{**CLAIMS, "preferred_username": "bob", "uid": "bob"})
+
+    assert logged_in_as(client).unix_username is None

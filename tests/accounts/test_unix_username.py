@@ -38,7 +38,7 @@ def test_it_refuses_anything_else(name):
 
 @pytest.mark.parametrize("name", ["root", "nobody", "daemon"])
 def test_it_refuses_system_accounts(name):
-    with pytest.raises(ValidationError, match="is a system account"):
+    with pytest.raises(ValidationError, match="is a system or service account"):
         validate_unix_username(name)
 
 

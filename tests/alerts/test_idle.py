@@ -1,5 +1,7 @@
 """Booked GPUs left idle: the holder is told once (real SMTP); with IDLE_AUTO_RELEASE_MINUTES the
-booking is released through reservation_release, audited with the reason, and the holder told."""
+booking is released through reservation_release, audited with the reason, and the holder told. Both
+mails go through the mail outbox (notifications/): ``outbox_drain`` sends them here, as the worker
+nudged after the run's commit, or beat's drain, would."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from alerts.models import Alert
 from alerts.services import alerts_check_idle
 from audit.models import AuditEntry
 from nodes.models import GpuMinute
+from notifications.models import Kind, Notification
+from notifications.services import outbox_drain
 from reservations.services import reservation_create
 from tests.conftest import at
 from tests.mailserver import text_of
@@ -28,9 +32,12 @@ def minutes(gpu, start, count, utilization):
 
 
 @pytest.fixture
-def booking(alice, gpus, clock):
-    """alice holds GPUs 0 and 1 from 10:00 to 13:00; the clock is at 10:40."""
+def booking(alice, gpus, clock, smtp_server):
+    """alice holds GPUs 0 and 1 from 10:00 to 13:00 (her confirmation sent and forgotten); the clock
+    is at 10:40."""
     reservation = reservation_create(user=alice, gpus=gpus[:2], start=at(1), end=at(4), purpose="training")
+    outbox_drain()
+    smtp_server.clear()
     clock.move_to(at(1, 0) + timedelta(minutes=40), tick=False)
     return reservation
 
@@ -45,6 +52,7 @@ def test_an_idle_booked_gpu_mails_its_holder_once(booking, gpus, smtp_server):
     assert alert.details["mean_utilization_pct"] == 2.0
 
     assert alerts_check_idle(now=timezone.now()).holders_told == []  # the next beat: nothing more
+    assert outbox_drain() == {Kind.IDLE: 1}
     (mail,) = smtp_server.wait_for(1)
     assert mail["To"] == "alice@lab.example"
     assert mail["Subject"] == f"Your GPU on gpu-a100 is idle (booking #{booking.pk})"
@@ -68,6 +76,7 @@ def test_use_resolves_it_and_a_new_idle_spell_in_the_same_booking_does_not_mail_
     clock.shift(timedelta(minutes=40))
     run = alerts_check_idle(now=timezone.now())
     assert len(run.opened) == 1 and run.holders_told == []
+    outbox_drain()
     assert len(smtp_server.wait_for(2, timeout=1)) == 1
 
 
@@ -83,6 +92,7 @@ def test_auto_release_releases_an_idle_booking_after_telling_its_holder(booking,
     minutes(gpus[1], at(1), 60, utilization=3)
     run = alerts_check_idle(now=timezone.now())
     assert run.holders_told == [booking.pk] and run.released == []
+    outbox_drain()
     told = smtp_server.wait_for(1)[0]
     assert "Your GPUs on gpu-a100 are idle" in told["Subject"] and "releases the booking by itself" in text_of(told)
 
@@ -97,10 +107,13 @@ def test_auto_release_releases_an_idle_booking_after_telling_its_holder(booking,
     assert set(Alert.objects.filter(kind="idle").values_list("resolution", flat=True)) == {
         "booking released automatically"
     }
+    assert outbox_drain() == {Kind.IDLE_RELEASED: 1}  # written with the release, in its transaction
     released = smtp_server.wait_for(2)[1]
     assert released["Subject"] == f"Your idle booking #{booking.pk} on gpu-a100 was released"
+    assert "stayed under 5 % utilisation for 30 minutes, and still 15 minutes after" in text_of(released)
 
     assert alerts_check_idle(now=timezone.now()).released == []  # once
+    assert outbox_drain() == {}
     assert len(smtp_server.wait_for(3, timeout=1)) == 2
 
 
@@ -113,3 +126,21 @@ def test_auto_release_spares_a_booking_with_one_gpu_in_use(booking, gpus, smtp_s
     assert alerts_check_idle(now=timezone.now()).released == []
     booking.refresh_from_db()
     assert booking.released_at is None
+
+
+def test_an_idle_mail_that_could_not_go_out_waits_in_the_outbox_and_goes_later(booking, gpus, smtp_server, clock):
+    minutes(gpus[0], at(1), 40, utilization=0)
+    minutes(gpus[1], at(1), 40, utilization=0)
+    smtp_server.stop()
+    assert alerts_check_idle(now=timezone.now()).holders_told == [booking.pk]
+    assert outbox_drain() == {}  # SMTP away: the mail stays, its alerts stay told (no second mail)
+    (waiting,) = Notification.objects.filter(kind=Kind.IDLE, sent_at__isnull=True)
+    assert waiting.context["gpu_list"] == "GPU 0, GPU 1"
+
+    smtp_server.start()
+    clock.shift(timedelta(minutes=1))
+    assert alerts_check_idle(now=timezone.now()).holders_told == []
+    assert outbox_drain() == {Kind.IDLE: 1}
+    (mail,) = smtp_server.wait_for(1)
+    assert mail["Subject"] == f"Your GPUs on gpu-a100 are idle (booking #{booking.pk})"
+    assert "GPU 0, GPU 1 until" in text_of(mail)

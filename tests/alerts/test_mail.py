@@ -13,7 +13,8 @@ from django.db import connection
 from django.utils import timezone
 
 from alerts.models import Alert
-from alerts.services import alerts_mail_staff
+from alerts.selectors import alert_data
+from alerts.services import _claim, alerts_mail_staff
 from alerts.tasks import mail_staff
 from nodes.models import NodeEvent
 from portal.celery import app
@@ -92,6 +93,27 @@ def test_a_mail_that_fails_is_given_back_and_sent_by_the_next_run(node, gpus, st
     settings.EMAIL_PORT = smtp_server.port
     assert alerts_mail_staff(now=timezone.now()) == 1
     assert len(smtp_server.wait_for(1)) == 1
+
+
+def test_a_mail_whose_sender_died_after_claiming_goes_once_the_claim_expires(
+    node, gpus, staff, smtp_server, settings, clock
+):
+    settings.NOTIFY_CLAIM_SECONDS = 300
+    hot(node, gpus[0])
+    (claimed,) = _claim("temperature", timezone.now())  # a run claimed it, then its worker was killed
+    alert = Alert.objects.get()
+    assert alert.notified_at is not None and not alert_data(alert)["mailed"]  # the page: not mailed yet
+
+    clock.shift(timedelta(seconds=299))
+    assert alerts_mail_staff(now=timezone.now()) == 0  # the claim holds
+    clock.shift(timedelta(seconds=1))
+    assert alerts_mail_staff(now=timezone.now()) == 1
+    assert alerts_mail_staff(now=timezone.now()) == 0
+    (mail,) = smtp_server.wait_for(2, timeout=1)
+    assert mail["Subject"] == "[GPU alert] GPU too hot: gpu-a100/GPU 0"
+    alert.refresh_from_db()
+    assert (alert.mail_id, alert.mailed_at) == (claimed.mail_id, timezone.now())
+    assert alert_data(alert)["mailed"]
 
 
 @pytest.mark.postgres_only

@@ -1,11 +1,11 @@
-"""The portal's real ASGI server (daphne, as scripts/run starts it) in a subprocess, on the test
-database, for the websocket and live-page tests; and a small synchronous websocket client."""
+"""The portal's real ASGI server (daphne through portal/serve.py, as scripts/run starts it) in a
+subprocess, on the test database, for the websocket and live-page tests; and a small synchronous
+websocket client."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +21,7 @@ from django.utils import timezone
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
-from tests.nodes.agent.harness import free_port, port_open, wait_for
+from tests.nodes.agent.harness import free_port, port_open, terminate, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,9 +53,11 @@ class AsgiServer:
             **self.environment,
         }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # The web process as the Procfile runs it: daphne through portal/serve.py.
+        command = [sys.executable, "-m", "portal.serve", "-b", "127.0.0.1", "-p", str(self.port)]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(  # noqa: S603  (fixed arguments)
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "portal.asgi:application"],
+                [*command, "portal.asgi:application"],
                 cwd=ROOT,
                 env=env,
                 stdout=log,
@@ -71,13 +73,7 @@ class AsgiServer:
         return port_open(self.port)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
         self.process = None
 
     def log(self) -> str:

@@ -13,7 +13,7 @@ from tests.conftest import at
 from tests.factories import node_with_gpus
 from tests.metrics.conftest import reading
 
-QUERIES = 5  # the status cards (3), lease versions (1), bookings (1)
+QUERIES = 6  # the status cards (3), lease versions (1), bookings (1), periodic jobs (1)
 
 
 def grow(count: int, users) -> None:

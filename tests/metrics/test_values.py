@@ -107,3 +107,33 @@ def test_every_name_has_the_prefix_and_nothing_else_is_exported(scrape):
     exported = names(scrape())
     assert all(name.startswith("gpubook_") for name in exported), exported  # no process_* or python_*
     assert {"gpubook_gpu_utilization_ratio", "gpubook_node_up", "gpubook_pending_approvals"} <= exported
+
+
+def test_each_periodic_job_has_its_period_its_last_success_age_and_whether_it_is_late(scrape, clock):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from alerts.jobs import job_states, job_succeeded
+    from portal.celery import app
+
+    now = timezone.now()
+    job_states(now=now - timedelta(hours=2), watch_new=True)  # watched for two hours
+    job_succeeded(name="push-all-leases", task="nodes.push_all_leases", now=now - timedelta(seconds=42))
+    job_succeeded(name="prune-usage", task="nodes.prune_usage", now=now - timedelta(minutes=100))
+    text = scrape()
+
+    leases = {"job": "push-all-leases", "task": "nodes.push_all_leases"}
+    assert value(text, "gpubook_periodic_job_period_seconds", **leases) == 60
+    assert value(text, "gpubook_periodic_job_last_success_age_seconds", **leases) == 42
+    assert value(text, "gpubook_periodic_job_late", **leases) == 0
+    prune = {"job": "prune-usage", "task": "nodes.prune_usage"}
+    assert value(text, "gpubook_periodic_job_last_success_age_seconds", **prune) == 6000
+    assert value(text, "gpubook_periodic_job_late", **prune) == 0  # hourly: late after three hours
+    # Never succeeded, watched for two hours: no age, and late (every minute).
+    mail = {"job": "send-due-mail", "task": "notifications.send_due"}
+    assert value(text, "gpubook_periodic_job_last_success_age_seconds", **mail) is None
+    assert value(text, "gpubook_periodic_job_late", **mail) == 1
+    # Every entry of the schedule is there.
+    for name, entry in app.conf.beat_schedule.items():
+        assert value(text, "gpubook_periodic_job_late", job=name, task=entry["task"]) is not None, name

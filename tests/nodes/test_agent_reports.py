@@ -1,21 +1,27 @@
-"""The endpoints agents report to: only a node's own token, only that node's GPUs, strict input."""
+"""The endpoints agents report to: only a node's own token, only that node's GPUs, strict input;
+and the events' budget per node and minute, and how long they are kept."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from alerts.models import Alert
+from nodes import reports
 from nodes.models import AgentState, Gpu, GpuTelemetry, NodeEvent
-from nodes.reports import gpu_return_to_service
+from nodes.reports import ACTING_PAST_BUDGET, agent_events_record, gpu_return_to_service, node_events_prune
 from nodes.services import node_rotate_credentials
-from nodes.status import node_online
+from nodes.status import fleet_status, for_viewer, node_online
 from reservations.exceptions import InvalidBooking
 from reservations.services import reservation_create
 from tests.api_helpers import client_for
 from tests.factories import node_with_gpus
+from tests.metrics.conftest import TOKEN
+from tests.metrics.conftest import value as metric_value
 
 HEARTBEAT = "/api/v1/agent/heartbeat/"
 EVENTS = "/api/v1/agent/events/"
@@ -159,3 +165,110 @@ def test_an_unkillable_leftover_drains_the_gpu_until_an_admin_returns_it(node, g
     assert gpu_return_to_service(gpu=drained, actor=carol)
     drained.refresh_from_db()
     assert reservation_create(user=alice, gpus=[drained], start=start, end=start + timedelta(hours=1)).pk
+
+
+# --- the event budget and retention ---------------------------------------------------------------
+
+
+def revoked(count: int, **fields):
+    """Events that only inform (no alert, no drain): the bulk of what agents send."""
+    return [{"kind": "revoked", "at": timezone.now().isoformat(), "user": "alice", **fields}] * count
+
+
+def post_events(client, events) -> dict:
+    response = client.post(EVENTS, {"events": events}, format="json")
+    assert response.status_code == 200, response.json()
+    return response.json()
+
+
+def test_events_past_the_budget_are_counted_not_stored_until_the_next_minute(node, gpus, clock, settings):
+    settings.NODE_EVENTS_PER_MINUTE = 10
+    client = agent_client(node)
+    assert post_events(client, revoked(8))["stored"] == 8
+    assert post_events(client, revoked(5))["stored"] == 2
+    assert post_events(client, revoked(1))["stored"] == 0
+    state = AgentState.objects.get(node=node)
+    assert (state.events_dropped, state.events_dropped_at) == (4, timezone.now())
+    assert NodeEvent.objects.count() == 10
+
+    clock.shift(timedelta(seconds=60))  # a new minute, a new budget
+    assert post_events(client, revoked(3))["stored"] == 3
+    assert AgentState.objects.get(node=node).events_dropped == 4
+
+
+def test_past_the_budget_the_events_that_act_still_drain_gpus_and_open_alerts(node, gpus, clock, settings):
+    settings.NODE_EVENTS_PER_MINUTE = 5
+    client = agent_client(node)
+    post_events(client, revoked(5))
+    now = timezone.now().isoformat()
+    unkillable = {"kind": "unkillable", "at": now, "gpu": gpus[1].uuid, "user": "bob", "pids": [77]}
+    violation = {"kind": "violation", "at": now, "gpu": gpus[0].uuid, "user": "mallory", "pid": 4}
+    assert post_events(client, [*revoked(3), unkillable, violation, violation, violation])["stored"] == 0
+
+    assert NodeEvent.objects.count() == 5 and AgentState.objects.get(node=node).events_dropped == 7
+    assert Gpu.objects.get(pk=gpus[1].pk).drained_at is not None  # drained all the same
+    alerts = Alert.objects.filter(resolved_at__isnull=True)
+    assert sorted(alerts.values_list("kind", "username")) == [("unkillable", ""), ("violation", "mallory")]
+    assert alerts.get(kind="violation").details["event"]["pid"] == 4
+
+
+def test_a_report_over_the_budget_stores_the_events_that_act_first(node, gpus, settings):
+    settings.NODE_EVENTS_PER_MINUTE = 3
+    violation = {"kind": "violation", "at": timezone.now().isoformat(), "gpu": gpus[0].uuid, "user": "mallory"}
+    assert post_events(agent_client(node), [*revoked(4), violation])["stored"] == 3
+    assert sorted(NodeEvent.objects.values_list("kind", flat=True)) == ["revoked", "revoked", "violation"]
+
+
+def test_a_flood_of_made_up_users_past_the_budget_acts_for_at_most_fifty(node, gpus, settings):
+    settings.NODE_EVENTS_PER_MINUTE = 0
+    at = timezone.now().isoformat()
+    flood = [{"kind": "violation", "at": at, "gpu": gpus[0].uuid, "user": f"ghost{n}"} for n in range(500)]
+    assert post_events(agent_client(node), flood)["stored"] == 0
+    assert Alert.objects.filter(kind="violation").count() == ACTING_PAST_BUDGET == 50
+    assert not NodeEvent.objects.exists() and AgentState.objects.get(node=node).events_dropped == 500
+
+
+def test_events_before_any_heartbeat_count_against_the_budget_and_do_not_make_the_node_online(node, gpus):
+    assert post_events(agent_client(node), revoked(2))["stored"] == 2
+    state = AgentState.objects.get(node=node)
+    assert state.events_in_minute == 2 and not node_online(state, timezone.now())
+
+
+def test_admins_see_the_dropped_count_on_the_status_cards_and_prometheus_in_metrics(node, gpus, settings):
+    settings.NODE_EVENTS_PER_MINUTE = 1
+    settings.METRICS_TOKEN, settings.METRICS_ALLOWED_IPS = TOKEN, []
+    client = agent_client(node)
+    client.post(HEARTBEAT, heartbeat(), format="json")
+    post_events(client, revoked(4))
+
+    (card,) = fleet_status()
+    assert card["agent"]["events_dropped"] == 3 and card["agent"]["events_dropped_at"] is not None
+    (researchers_card,) = for_viewer(fleet_status(), admin=False)
+    assert "agent" not in researchers_card
+    scrape = Client(HTTP_AUTHORIZATION=f"Bearer {TOKEN}").get("/metrics").content.decode()
+    assert metric_value(scrape, "gpubook_agent_events_dropped_total", node="gpu-a100") == 3
+
+
+def test_events_older_than_the_keeping_time_are_pruned_in_batches(node, gpus, clock, settings, monkeypatch):
+    settings.NODE_EVENTS_KEEP_DAYS = 90
+    monkeypatch.setattr(reports, "PRUNE_BATCH", 2)  # several batches from five events
+    start = timezone.now()
+    for days_ago, count in ((120, 3), (91, 2), (89, 4)):
+        clock.move_to(start - timedelta(days=days_ago))
+        agent_events_record(node=node, events=revoked(count, at=timezone.now()))
+    clock.move_to(start)
+
+    assert node_events_prune(timezone.now()) == 5
+    assert node_events_prune(timezone.now()) == 0  # idempotent
+    assert NodeEvent.objects.count() == 4
+    settings.NODE_EVENTS_KEEP_DAYS = 0  # keep for good
+    clock.shift(timedelta(days=365))
+    assert node_events_prune(timezone.now()) == 0 and NodeEvent.objects.count() == 4
+
+
+def test_beat_prunes_events_hourly():
+    from nodes.tasks import prune_events
+    from portal.celery import app
+
+    entry = app.conf.beat_schedule["prune-node-events"]
+    assert (entry["task"], entry["schedule"]) == (prune_events.name, 3600.0)

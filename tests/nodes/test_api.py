@@ -57,7 +57,8 @@ def test_me_shows_limits_and_use(alice, gpus, clock):
     assert body["unix_username"] == "alice"
     assert body["gpus_at_once"] == {"allowed": 4.0, "used": 2}
     assert body["weekly_gpu_hours"] == {"allowed": 40.0, "used": 6.0}
-    assert body["max_slot_hours"] is None
+    assert body["max_slot_hours"] == 168.0  # no Limit sets it: the site ceiling MAX_SLOT_HOURS
+    assert body["max_days_ahead"] == 90  # likewise MAX_DAYS_AHEAD
     clock.shift(timedelta(hours=4))
     assert client_for(alice).get("/api/v1/me/").json()["gpus_at_once"]["used"] == 0
 

@@ -1,5 +1,6 @@
 """Mail to researchers and admins, sent over real SMTP to a local aiosmtpd server and read back
-from what arrived; time moved with time-machine."""
+from what arrived; time moved with time-machine. The outbox's own guarantees (written with the
+change, sent at least once, never twice at once) are in test_outbox.py."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
 from nodes.models import GpuTelemetry
 from nodes.reports import telemetry_record
 from notifications.models import Kind, MailPreferences, Notification
-from notifications.services import send_due
+from notifications.services import outbox_drain, send_due
 from portal.celery import app
 from reservations.models import Reservation
 from reservations.services import (
@@ -40,6 +42,20 @@ def eager_tasks():
 def book(django_capture_on_commit_callbacks, **kwargs) -> Reservation:
     with django_capture_on_commit_callbacks(execute=True):
         return reservation_create(**kwargs)
+
+
+@pytest.fixture
+def booked(smtp_server):
+    """Book, let its confirmation go (the outbox), and forget that mail: the scan's tests look at the
+    mails time makes due."""
+
+    def make(**kwargs) -> Reservation:
+        reservation = reservation_create(**kwargs)
+        outbox_drain()
+        smtp_server.clear()
+        return reservation
+
+    return make
 
 
 # --- when a booking changes -------------------------------------------------------------------
@@ -118,8 +134,8 @@ def test_a_kind_turned_off_is_not_sent_and_is_recorded_as_skipped(
 # --- what is due ------------------------------------------------------------------------------
 
 
-def test_a_slot_starting_is_mailed_once_with_how_to_use_it(smtp_server, clock, alice, gpus):
-    reservation = reservation_create(user=alice, gpus=[gpus[1]], start=at(1), end=at(3))
+def test_a_slot_starting_is_mailed_once_with_how_to_use_it(booked, smtp_server, clock, alice, gpus):
+    reservation = booked(user=alice, gpus=[gpus[1]], start=at(1), end=at(3))
     assert send_due(at(0.5))[Kind.SLOT_STARTING] == 0
     clock.move_to(at(1, days=0) + timedelta(seconds=30))
     assert send_due()[Kind.SLOT_STARTING] == 1
@@ -131,11 +147,11 @@ def test_a_slot_starting_is_mailed_once_with_how_to_use_it(smtp_server, clock, a
 
 
 def test_the_reminder_comes_the_chosen_minutes_before_the_end_and_offers_to_extend(
-    smtp_server, clock, alice, bob, gpus
+    booked, smtp_server, clock, alice, bob, gpus
 ):
     alice.remind_before_end_minutes = 20
     alice.save()
-    reservation = reservation_create(user=alice, gpus=[gpus[0]], start=at(1), end=at(2))
+    reservation = booked(user=alice, gpus=[gpus[0]], start=at(1), end=at(2))
     clock.move_to(at(2) - timedelta(minutes=25))
     assert send_due()[Kind.SLOT_ENDING] == 0
     clock.move_to(at(2) - timedelta(minutes=20))
@@ -147,8 +163,7 @@ def test_the_reminder_comes_the_chosen_minutes_before_the_end_and_offers_to_exte
 
     # Extended: a new end, a new reminder; and now someone follows right after.
     reservation_extend(reservation=reservation, actor=alice, end=at(3))
-    reservation_create(user=bob, gpus=[gpus[0]], start=at(3), end=at(4))
-    smtp_server.clear()
+    booked(user=bob, gpus=[gpus[0]], start=at(3), end=at(4))
     clock.move_to(at(3) - timedelta(minutes=19))
     assert send_due()[Kind.SLOT_ENDING] == 1
     [again] = [m for m in smtp_server.wait_for(1) if "left" in subject_of(m)]
@@ -156,16 +171,16 @@ def test_the_reminder_comes_the_chosen_minutes_before_the_end_and_offers_to_exte
     assert "cannot be extended" in text_of(again)
 
 
-def test_no_reminder_for_those_who_asked_for_none(smtp_server, clock, alice, gpus):
+def test_no_reminder_for_those_who_asked_for_none(booked, smtp_server, clock, alice, gpus):
     alice.remind_before_end_minutes = 0
     alice.save()
-    reservation_create(user=alice, gpus=[gpus[0]], start=at(1), end=at(2))
+    booked(user=alice, gpus=[gpus[0]], start=at(1), end=at(2))
     clock.move_to(at(2) - timedelta(minutes=1))
     assert send_due()[Kind.SLOT_ENDING] == 0
 
 
-def test_a_slot_that_ended_is_mailed_with_its_usage_even_after_downtime(smtp_server, clock, alice, node, gpus):
-    reservation = reservation_create(user=alice, gpus=gpus[:2], start=at(1), end=at(2))
+def test_a_slot_that_ended_is_mailed_with_its_usage_even_after_downtime(booked, smtp_server, clock, alice, node, gpus):
+    reservation = booked(user=alice, gpus=gpus[:2], start=at(1), end=at(2))
     for minute, (first, second) in enumerate([(90, 10), (70, 30)]):
         when = at(1) + timedelta(minutes=10 + minute)
         samples = [
@@ -188,30 +203,36 @@ def test_a_slot_that_ended_is_mailed_with_its_usage_even_after_downtime(smtp_ser
     assert Notification.objects.filter(reservation=reservation, kind=Kind.SLOT_ENDED).count() == 1
 
 
-def test_an_ended_mail_too_late_to_matter_is_not_sent(smtp_server, clock, alice, gpus, settings):
+def test_an_ended_mail_too_late_to_matter_is_not_sent(booked, smtp_server, clock, alice, gpus, settings):
     settings.NOTIFY_ENDED_CATCHUP_HOURS = 6
-    reservation_create(user=alice, gpus=[gpus[0]], start=at(1), end=at(2))
+    booked(user=alice, gpus=[gpus[0]], start=at(1), end=at(2))
     clock.move_to(at(9))
     assert send_due()[Kind.SLOT_ENDED] == 0
+    assert not Notification.objects.filter(kind=Kind.SLOT_ENDED).exists()
 
 
-def test_a_mail_that_could_not_go_out_is_sent_by_the_next_scan(smtp_server, clock, alice, gpus):
-    reservation_create(user=alice, gpus=[gpus[0]], start=at(1), end=at(3))
+def test_a_mail_that_could_not_go_out_is_sent_by_a_later_scan(booked, smtp_server, clock, alice, gpus):
+    booked(user=alice, gpus=[gpus[0]], start=at(1), end=at(3))
     clock.move_to(at(1) + timedelta(minutes=1))
     smtp_server.stop()
-    assert send_due()[Kind.SLOT_STARTING] == 0  # SMTP refused: logged, the claim given back
-    assert Notification.objects.get(kind=Kind.SLOT_STARTING).sent_at is None
+    assert send_due()[Kind.SLOT_STARTING] == 0  # SMTP refused: logged, tried again in a minute
+    note = Notification.objects.get(kind=Kind.SLOT_STARTING)
+    assert (note.sent_at, note.attempts) == (None, 1) and "Connection refused" in note.last_error
     smtp_server.start()
+    assert send_due()[Kind.SLOT_STARTING] == 0  # the same beat again: the retry is not due yet
+    clock.shift(timedelta(minutes=1))
     assert send_due()[Kind.SLOT_STARTING] == 1
     assert len(smtp_server.wait_for(1)) == 1
+    note.refresh_from_db()
+    assert (note.sent_at, note.claimed_until, note.last_error) == (timezone.now(), None, "")
 
 
 @pytest.mark.postgres_only
 @pytest.mark.django_db(transaction=True)
-def test_two_beats_at_once_send_one_mail(smtp_server, clock, alice, gpus):
+def test_two_beats_at_once_send_one_mail(booked, smtp_server, clock, alice, gpus):
     if connection.vendor != "postgresql":
         pytest.skip("parallel connections: PostgreSQL")
-    reservation_create(user=alice, gpus=[gpus[0]], start=at(1), end=at(3))
+    booked(user=alice, gpus=[gpus[0]], start=at(1), end=at(3))
     clock.move_to(at(1) + timedelta(minutes=1))
     counts, barrier = [], threading.Barrier(4)
 

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from django.contrib.auth.models import Group
+from django.core import checks
 
 from reservations.exceptions import LimitExceeded
 from reservations.limits import Period, busiest_week, effective_limits, peak_gpus
@@ -89,7 +92,8 @@ def test_a_user_override_beats_the_groups_and_the_most_generous_group_wins(alice
     assert limits.max_gpus_at_once == 4  # the more generous group
     assert limits.weekly_gpu_hours == 100  # her own override
     assert limits.max_days_ahead == 7  # the site default
-    assert limits.max_slot_hours is None  # set nowhere: no limit
+    assert limits.max_slot_hours == 168  # set nowhere: the site ceiling MAX_SLOT_HOURS
+    assert limits.ceilings == {"max_slot_hours"}
     assert limits.requires_approval is False  # one group books without approval
 
 
@@ -134,3 +138,146 @@ def test_busiest_week_finds_the_worst_window_not_just_the_one_ending_at_the_book
     held = [Period(at(-48), at(-38), 1), Period(at(24), at(34), 1)]
     used, asked = busiest_week(held, Period(at(0), at(1), 1))
     assert (used / 3600, asked / 3600) == (20, 1)
+
+
+# --- the site ceilings: MAX_DAYS_AHEAD and MAX_SLOT_HOURS where no Limit sets the field --------
+
+
+def test_with_no_limit_rows_a_booking_far_ahead_is_refused_naming_the_ceiling(alice, gpus):
+    # Before the ceilings a researcher could book a GPU until the year 9999 on a fresh portal.
+    assert not Limit.objects.exists()
+    with pytest.raises(LimitExceeded) as refused:
+        reservation_create(user=alice, gpus=gpus[:1], start=at(1), end=datetime(2999, 12, 31, tzinfo=UTC))
+    assert refused.value.message == (
+        "days ahead: the slot ends 354277.7 days from now > 90 allowed "
+        "(the site ceiling MAX_DAYS_AHEAD: an admin can set another in a Limit)"
+    )
+    assert refused.value.details == {
+        "limit": "max_days_ahead",
+        "asked": 354277.7,
+        "allowed": 90,
+        "ceiling": "MAX_DAYS_AHEAD",
+    }
+    assert not Reservation.objects.exists()
+
+
+def test_the_days_ahead_ceiling_is_exact_at_its_edge(alice, gpus):
+    assert book(alice, gpus[:1], 90 * 24 - 1, 90 * 24).end == at(days=90)
+    with pytest.raises(LimitExceeded, match=r"^days ahead: the slot ends 90.1 days from now > 90 allowed \(the site"):
+        book(alice, gpus[1:2], 90 * 24, 90 * 24 + 1)
+
+
+def test_with_no_limit_rows_a_slot_longer_than_a_week_is_refused_naming_the_ceiling(alice, gpus):
+    with pytest.raises(LimitExceeded) as refused:
+        book(alice, gpus[:1], 1, 1 + 168.25)
+    assert refused.value.message == (
+        "longest slot: 168.25 hours asked > 168 allowed "
+        "(the site ceiling MAX_SLOT_HOURS: an admin can set another in a Limit)"
+    )
+    assert refused.value.details["ceiling"] == "MAX_SLOT_HOURS"
+    assert book(alice, gpus[:1], 1, 1 + 168).end == at(169)
+
+
+def test_extending_past_the_ceiling_is_refused_and_changes_nothing(alice, gpus):
+    reservation = book(alice, gpus[:1], 1, 100)
+    with pytest.raises(LimitExceeded, match=r"^longest slot: 170 hours asked > 168 allowed \(the site ceiling"):
+        reservation_extend(reservation=reservation, actor=alice, end=at(171))
+    reservation.refresh_from_db()
+    assert reservation.end == at(100)
+
+
+def test_the_ceilings_are_read_from_the_settings(alice, gpus, settings):
+    settings.MAX_DAYS_AHEAD, settings.MAX_SLOT_HOURS = 2, 3
+    with pytest.raises(LimitExceeded, match=r"^longest slot: 4 hours asked > 3 allowed"):
+        book(alice, gpus[:1], 1, 5)
+    with pytest.raises(LimitExceeded, match=r"^days ahead: the slot ends 3 days from now > 2 allowed"):
+        book(alice, gpus[:1], 71, 72)
+
+
+def test_a_site_limit_raises_the_ceiling_and_the_refusal_then_names_no_setting(alice, gpus):
+    site_limits(max_days_ahead=400, max_slot_hours=500)
+    assert book(alice, gpus[:1], 300 * 24, 300 * 24 + 400).end == at(300 * 24 + 400)
+    with pytest.raises(LimitExceeded) as refused:
+        book(alice, gpus[1:2], 1, 502)
+    assert refused.value.message == "longest slot: 501 hours asked > 500 allowed"
+    assert "ceiling" not in refused.value.details
+
+
+def test_a_site_limit_without_these_fields_leaves_the_ceilings(alice, gpus):
+    site_limits(weekly_gpu_hours=1000)
+    limits = effective_limits(alice)
+    assert (limits.max_days_ahead, limits.max_slot_hours) == (90, 168)
+    assert limits.ceilings == {"max_days_ahead", "max_slot_hours"}
+    with pytest.raises(LimitExceeded, match=r"\(the site ceiling MAX_DAYS_AHEAD"):
+        book(alice, gpus[:1], 100 * 24, 100 * 24 + 1)
+
+
+def test_a_group_limit_raises_the_ceiling_for_its_members_only(alice, bob, gpus):
+    long_runs = Group.objects.create(name="long-runs")
+    alice.groups.add(long_runs)
+    Limit.objects.create(scope=Limit.Scope.GROUP, group=long_runs, max_slot_hours=720)
+    assert book(alice, gpus[:1], 1, 700).end == at(700)
+    with pytest.raises(LimitExceeded, match=r"^longest slot: 699 hours asked > 168 allowed \(the site ceiling"):
+        book(bob, gpus[1:2], 1, 700)
+
+
+def test_a_user_limit_may_lower_the_ceiling(alice, gpus):
+    Limit.objects.create(scope=Limit.Scope.USER, user=alice, max_days_ahead=7)
+    with pytest.raises(LimitExceeded, match=r"^days ahead: the slot ends 8 days from now > 7 allowed$"):
+        book(alice, gpus[:1], 8 * 24 - 1, 8 * 24)
+
+
+def test_a_limit_allowing_more_days_than_a_datetime_counts_does_not_overflow(alice, gpus):
+    site_limits(max_days_ahead=2_000_000_000)  # an admin's "no limit"; timedelta stops at 999,999,999 days
+    assert book(alice, gpus[:1], 200 * 24, 200 * 24 + 1).end == at(200 * 24 + 1)
+
+
+def test_admins_book_past_the_ceilings(carol, alice, gpus):
+    assert book(alice, gpus[:1], 1, 400, actor=carol).end == at(400)
+    assert book(carol, gpus[1:2], 1000 * 24, 1000 * 24 + 1).end == at(1000 * 24 + 1)
+
+
+def test_the_api_names_the_ceiling_in_a_403(alice, gpus):
+    from tests.api_helpers import client_for
+
+    response = client_for(alice).post(
+        "/api/v1/reservations/",
+        {"gpus": [gpus[0].pk], "start": at(1).isoformat(), "end": "2999-12-31T00:00:00Z"},
+        format="json",
+    )
+    assert response.status_code == 403
+    error = response.json()["error"]
+    assert error["code"] == "limit_exceeded"
+    assert error["message"] == (
+        "days ahead: the slot ends 354277.7 days from now > 90 allowed "
+        "(the site ceiling MAX_DAYS_AHEAD: an admin can set another in a Limit)"
+    )
+    assert error["details"]["ceiling"] == "MAX_DAYS_AHEAD"
+
+
+# --- the system checks ------------------------------------------------------------------------
+
+
+def database_checks() -> list:
+    return checks.run_checks(tags=[checks.Tags.database], databases=["default"])
+
+
+def test_a_warning_says_when_no_site_wide_limit_exists(db):
+    [warning] = [message for message in database_checks() if message.id == "reservations.W001"]
+    assert warning.level == checks.WARNING
+    assert "MAX_DAYS_AHEAD=90 days ahead, MAX_SLOT_HOURS=168 hours a slot" in warning.msg
+    site_limits()  # even with every field empty: someone chose
+    assert not [message for message in database_checks() if message.id == "reservations.W001"]
+
+
+def test_the_warning_needs_the_database_checks(db):
+    # A plain `manage.py check` does not read the database (Django's rule for database checks).
+    assert not [message for message in checks.run_checks() if message.id == "reservations.W001"]
+
+
+@pytest.mark.parametrize("value", [0, -5])
+def test_a_ceiling_below_one_is_an_error(settings, value):
+    settings.MAX_SLOT_HOURS = value
+    [error] = [message for message in checks.run_checks() if message.id == "reservations.E001"]
+    assert error.level == checks.ERROR
+    assert f"MAX_SLOT_HOURS={value}" in error.msg

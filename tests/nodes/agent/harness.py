@@ -64,6 +64,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def terminate(process: subprocess.Popen[Any] | None, timeout: float = 10.0) -> None:
+    """SIGTERM a test's server process and wait for it; SIGKILL when it does not go in time."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     """Whether something accepts a TCP connection on ``port`` now."""
     try:
@@ -208,12 +220,7 @@ class AgentRun:
             self.process.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        terminate(self.process, timeout=15)
 
     def cleanup(self) -> None:
         self.kill()

@@ -123,7 +123,7 @@ def test_a_forged_or_stale_snapshot_is_refused_and_changes_nothing(make_agent, u
         "other node": {**agent.snapshot(evil, version=99), "node": "elsewhere"},
         "not a dict": ["leases", evil],
         # Signed with the right secret, but with content no portal would send: still refused.
-        "hostile user": agent.snapshot([{**evil[0], "user": "root"}], version=99),
+        "hostile user": agent.snapshot([{**evil[0], "user": "bob,u:eve:rw"}], version=99),
         "hostile gpu": agent.snapshot([{**evil[0], "gpus": ["../../../dev/sda"]}], version=99),
     }[forgery]
     agent.send(forged)

@@ -1,8 +1,17 @@
 """The whole path: a booking changes in the portal, its worker pushes the node's state over the real
 broker, the real agent opens or closes the GPU, and its reports land in the portal's database."""
 
+# Tests run fixed argument lists (never a shell).
+# ruff: noqa: S603, S607
+
 from __future__ import annotations
 
+import os
+import pwd
+import secrets
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
@@ -11,8 +20,11 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from accounts.models import User
+from accounts.services import user_deactivate
+from alerts.models import Alert
 from nodes.agent.gpus.simulated import simulated_uuid
-from nodes.models import AgentState, Gpu, GpuTelemetry, NodeEvent
+from nodes.models import AgentState, Gpu, GpuTelemetry, Node, NodeEvent
 from nodes.pushes import request_push
 from nodes.services import node_register
 from portal.celery import app
@@ -22,20 +34,45 @@ from tests.factories import UserFactory
 from tests.nodes.agent.harness import AgentRun, acl_users, wait_for
 from tests.nodes.queues import purge
 
-
 # Three threads write at once here (the test, the live server taking reports, the worker); SQLite's
 # shared in-memory test database answers "table is locked" to that, so this runs on PostgreSQL.
-@pytest.mark.postgres_only
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="needs PostgreSQL")
-@pytest.mark.django_db(transaction=True)
-def test_a_booking_opens_the_gpu_on_its_node_and_a_release_closes_it(live_server, unix_users):
-    person = unix_users[0]
-    user = UserFactory(username="dana", unix_username=person.name)
+pytestmark = [
+    pytest.mark.postgres_only,
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="needs PostgreSQL"),
+    pytest.mark.django_db(transaction=True),
+]
+
+
+@dataclass
+class Lab:
+    node: Node
+    gpus: list[Gpu]
+    agent: AgentRun
+
+    def running_booking(self, user: User, gpu: int) -> Reservation:
+        """A slot running now (written directly: the booking rules forbid starting in the past)."""
+        now = timezone.now()
+        booking = Reservation.objects.create(
+            user=user,
+            node=self.node,
+            start=now - timedelta(minutes=1),
+            end=now + timedelta(hours=1),
+            status=Reservation.Status.APPROVED,
+            created_by=user,
+        )
+        Allocation.objects.create(reservation=booking, gpu=self.gpus[gpu], start=booking.start, end=booking.end)
+        request_push(self.node.pk)
+        return booking
+
+
+@pytest.fixture
+def lab(live_server) -> Iterator[Lab]:
+    """A registered three-GPU node with its real agent reporting to the live portal, and a worker."""
     credentials = node_register(name="e2e-node", hostname="e2e.lab")
     node = credentials.node
     gpus = [
         Gpu.objects.create(node=node, index=i, uuid=simulated_uuid(node.name, i), model="Simulated", memory_mib=24576)
-        for i in range(2)
+        for i in range(3)
     ]
     purge("celery", "node.e2e-node")
     agent = AgentRun(
@@ -44,36 +81,93 @@ def test_a_booking_opens_the_gpu_on_its_node_and_a_release_closes_it(live_server
         node_name=node.name,
         secret=credentials.lease_secret,
         token=credentials.agent_token,
+        gpus=3,
     )
     try:
         agent.start()
         with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
-            # A slot running now (written directly: the booking rules forbid starting in the past).
-            now = timezone.now()
-            booking = Reservation.objects.create(
-                user=user,
-                node=node,
-                start=now - timedelta(minutes=1),
-                end=now + timedelta(hours=1),
-                status=Reservation.Status.APPROVED,
-                created_by=user,
-            )
-            Allocation.objects.create(reservation=booking, gpu=gpus[1], start=booking.start, end=booking.end)
-            request_push(node.pk)
-            assert wait_for(lambda: person.name in acl_users(agent.device(1)), timeout=15), "\n".join(agent.log)
-            assert acl_users(agent.device(0)) == set()
-
-            reservation_release(reservation=booking, actor=user)  # pushes after its commit
-            assert wait_for(lambda: person.name not in acl_users(agent.device(1)), timeout=15)
-
-        def reported() -> bool:
-            kinds = set(NodeEvent.objects.filter(node=node).values_list("kind", flat=True))
-            return {"granted", "revoked"} <= kinds and GpuTelemetry.objects.filter(gpu__node=node).count() == 2
-
-        assert wait_for(reported, timeout=15, interval=0.2), "\n".join(agent.log)
-        assert wait_for(lambda: AgentState.objects.filter(node=node, applied_version__gte=2).exists(), 15, 0.2)
-        granted = NodeEvent.objects.get(node=node, kind="granted")
-        assert (granted.gpu, granted.user, granted.reservation_id) == (gpus[1], person.name, booking.pk)
+            yield Lab(node, gpus, agent)
     finally:
         agent.cleanup()
         purge("celery", "node.e2e-node")
+
+
+def test_a_booking_opens_the_gpu_on_its_node_and_a_release_closes_it(lab, unix_users):
+    person = unix_users[0]
+    user = UserFactory(username="dana", unix_username=person.name)
+    agent = lab.agent
+
+    booking = lab.running_booking(user, 1)
+    assert wait_for(lambda: person.name in acl_users(agent.device(1)), timeout=15), "\n".join(agent.log)
+    assert acl_users(agent.device(0)) == set()
+
+    reservation_release(reservation=booking, actor=user)  # pushes after its commit
+    assert wait_for(lambda: person.name not in acl_users(agent.device(1)), timeout=15)
+
+    def reported() -> bool:
+        kinds = set(NodeEvent.objects.filter(node=lab.node).values_list("kind", flat=True))
+        return {"granted", "revoked"} <= kinds and GpuTelemetry.objects.filter(gpu__node=lab.node).count() == 3
+
+    assert wait_for(reported, timeout=15, interval=0.2), "\n".join(agent.log)
+    assert wait_for(lambda: AgentState.objects.filter(node=lab.node, applied_version__gte=2).exists(), 15, 0.2)
+    granted = NodeEvent.objects.get(node=lab.node, kind="granted")
+    assert (granted.gpu, granted.user, granted.reservation_id) == (lab.gpus[1], person.name, booking.pk)
+
+
+def test_deactivating_a_person_closes_their_gpu_within_seconds(lab, unix_users):
+    person = unix_users[0]
+    user = UserFactory(username="dana", unix_username=person.name)
+    booking = lab.running_booking(user, 0)
+    assert wait_for(lambda: person.name in acl_users(lab.agent.device(0)), timeout=15), "\n".join(lab.agent.log)
+
+    user_deactivate(user=user, actor=None, reason="left the lab")
+
+    assert wait_for(lambda: person.name not in acl_users(lab.agent.device(0)), timeout=10), "\n".join(lab.agent.log)
+    booking.refresh_from_db()
+    assert booking.released_at is not None
+    assert booking.end <= timezone.now()
+
+
+@pytest.fixture
+def system_account() -> Iterator[pwd.struct_passwd]:
+    """A throwaway system account (a uid below UID_MIN, as `useradd --system` picks)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates an account")
+    name = f"gpbt_sys{secrets.token_hex(3)}"
+    subprocess.run(
+        ["useradd", "--system", "-M", "-N", "-s", "/usr/sbin/nologin", name], check=True, capture_output=True
+    )
+    try:
+        entry = pwd.getpwnam(name)
+        assert entry.pw_uid < 1000
+        yield entry
+    finally:
+        subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+def test_the_node_refuses_system_accounts_and_the_portal_alerts_naming_them(lab, unix_users, system_account):
+    """As a careless admin would leave it: www-data and a uid-999-style system account as people's
+    unix usernames (written directly; the portal's deny list would refuse www-data). The node grants
+    neither, enforces the rest of the snapshot, and every refusal becomes an alert for the admins."""
+    person = unix_users[0]
+    web = UserFactory(username="webby", unix_username="x")
+    User.objects.filter(pk=web.pk).update(unix_username="www-data")
+    daemon = UserFactory(username="sysop", unix_username=system_account.pw_name)
+    honest = UserFactory(username="dana", unix_username=person.name)
+    lab.running_booking(web, 0)
+    lab.running_booking(daemon, 1)
+    lab.running_booking(honest, 2)
+
+    assert wait_for(lambda: person.name in acl_users(lab.agent.device(2)), timeout=15), "\n".join(lab.agent.log)
+
+    def alerted() -> set[tuple[str, str, int | None]]:
+        alerts = Alert.objects.filter(kind=Alert.Kind.ACCOUNT_REFUSED, node=lab.node, resolved_at__isnull=True)
+        return set(alerts.values_list("username", "node__name", "user_id"))
+
+    expected = {("www-data", "e2e-node", web.pk), (system_account.pw_name, "e2e-node", daemon.pk)}
+    assert wait_for(lambda: alerted() == expected, timeout=15, interval=0.2), (alerted(), "\n".join(lab.agent.log))
+    assert acl_users(lab.agent.device(0)) == set()
+    assert acl_users(lab.agent.device(1)) == set()
+    assert acl_users(lab.agent.device(2)) == {person.name}
+    refusal = NodeEvent.objects.get(node=lab.node, kind="lease_refused", user="www-data")
+    assert "system account on this node" in refusal.message

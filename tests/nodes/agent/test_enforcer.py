@@ -10,6 +10,7 @@ and read with setfacl/getfacl), so the tests that change them need root and the 
 
 from __future__ import annotations
 
+import pwd
 import secrets
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from nodes.agent.accounts import AccountCheck
 from nodes.agent.config import AgentConfig, config_from_values
 from nodes.agent.enforcer import Enforcer
 from nodes.agent.gpus import open_backend
@@ -35,6 +37,15 @@ T2 = T1 + timedelta(hours=1)
 TICK = timedelta(microseconds=1)
 GRACE = 30.0
 ABSENT_GPU = "GPU-00000000-0000-0000-0000-000000000000"
+
+
+# The tests that only ask what the enforcer wants name people who have no account on this machine;
+# every other name (the throwaway users, root, www-data) is looked up for real.
+NAMED_PEOPLE = {"alice": 61001, "bob": 61002, "carol": 61003}
+
+
+def _accounts_with_named_people(name: str) -> int:
+    return NAMED_PEOPLE[name] if name in NAMED_PEOPLE else pwd.getpwnam(name).pw_uid
 
 
 def setfacl(path: str, user: str) -> None:
@@ -99,6 +110,7 @@ def node() -> Iterator[Node]:
             store=store,
             report=lambda kind, **fields: events.append((kind, fields)),
             clock=clock,
+            accounts=AccountCheck(uid_min=1000, lookup=_accounts_with_named_people),
         )
         yield Node(config, enforcer, store, clock, [gpu.uuid for gpu in backend.gpus()], events)
     finally:
@@ -155,7 +167,7 @@ def test_a_refused_snapshot_leaves_the_applied_one_in_force(node):
     good = node.snapshot([lease(1, "alice", [node.gpus[0]], T0, T1)], version=1)
     node.enforcer.offer(good)
 
-    hostile = node.snapshot([lease(2, "root", [node.gpus[0]], T0, T1)], version=2)
+    hostile = node.snapshot([lease(2, "../root", [node.gpus[0]], T0, T1)], version=2)
     assert node.enforcer.offer(hostile) == "refused"
 
     assert node.enforcer.applied_version == 1
@@ -325,28 +337,63 @@ def test_a_stored_snapshot_signed_with_another_secret_is_not_trusted_at_startup(
     assert node.enforcer.offer(node.snapshot([], version=1)) == "applied"  # a real one is taken at once
 
 
-def test_granting_to_a_user_the_node_lacks_is_reported_once_and_others_still_get_theirs(node, unix_users):
+def test_a_lease_for_an_account_the_node_lacks_is_refused_alone_and_reported_once(node, unix_users):
     a = unix_users[0].name
     ghost = f"gpbt_ghost{secrets.token_hex(3)}"  # a valid name, but no such account here
     g0, g1 = node.gpus
     node.enforcer.offer(node.snapshot([lease(1, ghost, [g0], T0, T1), lease(2, a, [g1], T0, T1)]))
-    node.events.clear()
 
     for _ in range(3):
         node.enforcer.converge(T0)
         node.enforcer.reconcile(T0)
 
-    failures = [fields for kind, fields in node.events if kind == "grant_failed"]
-    assert len(failures) == 1
-    assert failures[0]["gpu"] == g0
-    assert failures[0]["user"] == ghost
-    assert "there is no user" in failures[0]["message"]
+    refusals = [fields for kind, fields in node.events if kind == "lease_refused"]
+    assert refusals == [{"user": ghost, "reservation": 1, "message": f"there is no account {ghost!r} on this node"}]
+    assert "grant_failed" not in node.kinds()  # refused before any setfacl ran
     assert node.kinds().count("granted") == 1
     assert acl_users(node.device(0)) == set()
     assert acl_users(node.device(1)) == {a}
 
 
-def test_a_hand_over_to_a_user_the_node_lacks_still_revokes_the_previous_holder(node, unix_users):
+@pytest.mark.parametrize("account", ["root", "www-data", "nobody"])
+def test_a_lease_for_a_system_account_is_refused_and_the_rest_enforced(node, unix_users, account):
+    """A signed snapshot may still name a system account (a careless admin, an old portal): the
+    node refuses that lease by the account's uid, whatever its name."""
+    pwd.getpwnam(account)  # Debian has all three
+    a = unix_users[0].name
+    g0, g1 = node.gpus
+    node.enforcer.offer(node.snapshot([lease(1, account, [g0], T0, T1), lease(2, a, [g1], T0, T1)]))
+
+    node.enforcer.converge(T0)
+
+    assert acl_users(node.device(0)) == set()
+    assert acl_users(node.device(1)) == {a}
+    (refusal,) = [fields for kind, fields in node.events if kind == "lease_refused"]
+    assert refusal["user"] == account and refusal["reservation"] == 1
+    assert "system account" in refusal["message"] or "'nobody' account" in refusal["message"]
+
+
+def test_a_refusal_is_reported_when_the_snapshot_arrives_before_the_slot_starts(node):
+    node.enforcer.offer(node.snapshot([lease(5, "root", [node.gpus[0]], T1, T2)]))
+
+    (refusal,) = [fields for kind, fields in node.events if kind == "lease_refused"]
+    assert (refusal["user"], refusal["reservation"]) == ("root", 5)
+    assert node.enforcer.desired(T1)[node.gpus[0]] == set()
+
+
+def test_a_protected_user_is_refused_like_a_system_account(node, unix_users):
+    a = unix_users[0].name
+    enforcer = node.enforcer
+    enforcer.accounts = AccountCheck(uid_min=1000, protected=frozenset({a}))
+    enforcer.offer(node.snapshot([lease(1, a, [node.gpus[0]], T0, T1)]))
+
+    enforcer.converge(T0)
+
+    assert acl_users(node.device(0)) == set()
+    assert "PROTECTED_USERS" in next(fields["message"] for kind, fields in node.events if kind == "lease_refused")
+
+
+def test_a_hand_over_to_an_account_the_node_lacks_still_revokes_the_previous_holder(node, unix_users):
     a = unix_users[0].name
     ghost = f"gpbt_ghost{secrets.token_hex(3)}"
     g0, _ = node.gpus
@@ -354,20 +401,23 @@ def test_a_hand_over_to_a_user_the_node_lacks_still_revokes_the_previous_holder(
     node.enforcer.converge(T0)
     assert acl_users(node.device(0)) == {a}
 
-    node.enforcer.converge(T1)  # the joint call fails on the unknown name; the revoke goes through alone
+    node.enforcer.converge(T1)
 
     assert acl_users(node.device(0)) == set()
-    assert [kind for kind, _ in node.events if kind in ("revoked", "grant_failed")] == ["revoked", "grant_failed"]
+    assert [kind for kind, _ in node.events if kind in ("revoked", "lease_refused")] == ["lease_refused", "revoked"]
 
 
-def test_a_grant_failure_is_reported_again_after_a_new_snapshot(node, unix_users):
+def test_a_refused_lease_is_reported_once_across_snapshots_and_a_new_one_again(node):
     ghost = f"gpbt_ghost{secrets.token_hex(3)}"
     node.enforcer.offer(node.snapshot([lease(1, ghost, [node.gpus[0]], T0, T1)], version=1))
     node.enforcer.converge(T0)
-    node.enforcer.offer(node.snapshot([lease(1, ghost, [node.gpus[0]], T0, T2)], version=2))
+    node.enforcer.offer(node.snapshot([lease(1, ghost, [node.gpus[0]], T0, T2)], version=2))  # beat's re-push
     node.enforcer.converge(T0)
+    assert node.kinds().count("lease_refused") == 1
 
-    assert node.kinds().count("grant_failed") == 2
+    node.enforcer.offer(node.snapshot([lease(3, ghost, [node.gpus[1]], T1, T2)], version=3))  # another booking
+
+    assert node.kinds().count("lease_refused") == 2
 
 
 def test_a_boundary_that_falls_during_a_pass_is_enforced_at_once_not_at_the_next_one(node, unix_users):

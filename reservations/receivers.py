@@ -1,0 +1,55 @@
+"""What reservations does when accounts announce a change (accounts/signals.py)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.dispatch import receiver
+from django.utils import timezone
+
+from accounts.models import User
+from accounts.signals import unix_username_changed, user_deactivated
+from nodes.pushes import request_push
+from reservations import services
+from reservations.models import Allocation, Reservation
+
+logger = logging.getLogger(__name__)
+
+DEACTIVATED = "the account was deactivated"
+
+
+@receiver(user_deactivated)
+def end_bookings_of_deactivated_user(sender: type, user_id: int, **kwargs: Any) -> None:
+    """Runs after the deactivation committed. The leases leave the person out from now on
+    (nodes.leases); their nodes hear it at once, then the bookings are ended for the record. A
+    failure here is logged: beat's sweep (reservations.end_inactive_bookings) finishes the job."""
+    _push_nodes_of(user_id)
+    user = User.objects.filter(pk=user_id, is_active=False).first()
+    if user is None:
+        return
+    try:
+        services.reservations_end_for_inactive_user(user=user, reason=DEACTIVATED)
+    except Exception:
+        logger.exception("bookings of deactivated user %s not ended yet; beat's sweep will", user_id)
+
+
+@receiver(unix_username_changed)
+def push_nodes_of_renamed_user(sender: type, user_id: int, **kwargs: Any) -> None:
+    """The account that receives the person's GPUs changed: their nodes get the new leases."""
+    _push_nodes_of(user_id)
+
+
+def _push_nodes_of(user_id: int) -> None:
+    node_ids = (
+        Allocation.objects.filter(
+            active=True,
+            reservation__user_id=user_id,
+            reservation__status=Reservation.Status.APPROVED,
+            end__gt=timezone.now(),
+        )
+        .values_list("gpu__node_id", flat=True)
+        .distinct()
+    )
+    for node_id in sorted(set(node_ids)):
+        request_push(node_id)

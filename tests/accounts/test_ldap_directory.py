@@ -1,0 +1,95 @@
+"""LDAP login against a real directory (slapd, tests/accounts/directory.py), through the login form:
+failed logins count, and once locked out the portal stops relaying passwords to the directory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.test import Client
+
+from accounts.models import User
+from tests.accounts.directory import ADMIN_DN, ADMIN_PASSWORD, PEOPLE, Directory, available
+
+pytest.importorskip("django_auth_ldap", reason="the sso extra is not installed: pip install '.[sso]'")
+pytestmark = pytest.mark.skipif(not available(), reason="slapd is not installed (scripts/services installs it)")
+
+DANA_PASSWORD = "dana-directory-password"
+
+
+@pytest.fixture(scope="module")
+def directory() -> Iterator[Directory]:
+    server = Directory()
+    server.start()
+    server.dana = server.add_person("dana", DANA_PASSWORD, given="Dana", surname="Scully")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def ldap_login(settings, directory: Directory) -> Directory:
+    """The settings LDAP_SERVER_URI and friends produce (portal/settings.py), aimed at the directory."""
+    import ldap
+    from django_auth_ldap.config import LDAPSearch
+
+    settings.AUTH_LDAP_SERVER_URI = directory.uri
+    settings.AUTH_LDAP_BIND_DN = ADMIN_DN
+    settings.AUTH_LDAP_BIND_PASSWORD = ADMIN_PASSWORD
+    settings.AUTH_LDAP_USER_SEARCH = LDAPSearch(PEOPLE, ldap.SCOPE_SUBTREE, "(uid=%(user)s)")
+    settings.AUTH_LDAP_USER_ATTR_MAP = {"first_name": "givenName", "last_name": "sn", "email": "mail"}
+    settings.LDAP_UNIX_USERNAME_ATTR = "uid"
+    settings.UNIX_USERNAME_SOURCE = "directory"
+    settings.AUTHENTICATION_BACKENDS = [
+        "axes.backends.AxesStandaloneBackend",
+        "accounts.sso_ldap.PortalLDAPBackend",
+        "django.contrib.auth.backends.ModelBackend",
+    ]
+    return directory
+
+
+def log_in(client: Client, username: str, password: str):
+    return client.post("/accounts/login/", {"username": username, "password": password})
+
+
+def test_a_directory_account_logs_in_through_the_login_form(client, ldap_login, db):
+    done = log_in(client, "dana", DANA_PASSWORD)
+    assert done.status_code == 302
+    dana = User.objects.get(username="dana")
+    assert (dana.unix_username, dana.first_name, dana.email) == ("dana", "Dana", "dana@example.org")
+    assert client.session["_auth_user_id"] == str(dana.pk)
+
+
+def test_failed_directory_logins_lock_out_before_more_passwords_reach_the_directory(clock, client, ldap_login, db):
+    ldap_login.settle()
+    before = ldap_login.binds_as(ldap_login.dana)
+
+    # The directory matches uid without regard to case; so does the count.
+    for name in ("dana", "Dana", "DANA", "dana", "dAnA"):
+        last = log_in(client, name, "a guess")
+    ldap_login.settle()
+    assert ldap_login.binds_as(ldap_login.dana) == before + 5  # each wrong password was checked there
+    assert last.status_code == 429
+
+    for _ in range(3):
+        refused = log_in(client, "dana", DANA_PASSWORD)
+        assert refused.status_code == 429
+        assert "Too many failed logins" in refused.content.decode()
+    ldap_login.settle()
+
+    assert ldap_login.binds_as(ldap_login.dana) == before + 5  # nothing more was relayed
+    assert "_auth_user_id" not in client.session
+
+
+def test_spraying_many_usernames_from_one_address_locks_the_address_before_the_directory(clock, ldap_login, db):
+    sprayer = Client(REMOTE_ADDR="198.51.100.66")
+    for name in ("alice", "bob", "carol", "dave", "erin"):
+        log_in(sprayer, name, "Winter2030!")
+    ldap_login.settle()
+    before = ldap_login.binds_as(ldap_login.dana)
+
+    refused = log_in(sprayer, "dana", DANA_PASSWORD)
+
+    assert refused.status_code == 429
+    ldap_login.settle()
+    assert ldap_login.binds_as(ldap_login.dana) == before
+    assert log_in(Client(REMOTE_ADDR="198.51.100.67"), "dana", DANA_PASSWORD).status_code == 302

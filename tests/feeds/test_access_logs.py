@@ -1,0 +1,170 @@
+"""A feed URL is its own key, so no log line may hold one: Django's request logger, daphne's access
+log (portal/serve.py), JSON lines, Celery and tracebacks all go through the console handler's
+RedactSecrets filter (portal/logs.py). Each test reads what the real, configured handler wrote."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import requests
+from django.conf import settings
+
+from feeds.tokens import redact_feed_urls
+from portal.celery import app
+from tests.factories import UserFactory
+from tests.nodes.agent.harness import free_port, port_open, wait_for
+from tests.test_settings import ROOT
+
+from .conftest import feed_path, fetch
+
+FORGED_MAC = "Zk3" + "q" * 40  # the right shape, the wrong key
+
+
+@contextmanager
+def console() -> Iterator[io.StringIO]:
+    """What the portal's console handler (settings.LOGGING) writes while inside the block."""
+    handler = next(h for h in logging.getLogger().handlers if h.name == "console")
+    written = io.StringIO()
+    previous = handler.setStream(written)
+    try:
+        yield written
+    finally:
+        handler.setStream(previous)
+
+
+def secret_of(path: str) -> str:
+    return path.removeprefix("/feeds/").removesuffix(".ics").split(".")[2]
+
+
+def test_a_404_on_a_forged_feed_url_is_logged_without_its_secret(alice, db):
+    path = f"/feeds/{alice.pk}.mine.{FORGED_MAC}.ics"
+    with console() as lines:
+        assert fetch(path).status_code == 404
+
+    written = lines.getvalue()
+    assert f"Not Found: /feeds/{alice.pk}.mine.[redacted].ics" in written
+    assert FORGED_MAC not in written
+
+
+def test_a_real_feed_url_refused_for_its_rate_is_logged_without_its_secret(alice, settings):
+    settings.FEED_RATE_PER_HOUR = 1
+    path = feed_path(alice)
+    with console() as lines:
+        assert fetch(path).status_code == 200
+        assert fetch(path).status_code == 429
+
+    written = lines.getvalue()
+    assert f"Too Many Requests: /feeds/{alice.pk}.mine.[redacted].ics" in written
+    assert secret_of(path) not in written
+
+
+def test_arguments_extra_values_and_tracebacks_are_redacted_too(alice):
+    path = feed_path(alice)
+    logger = logging.getLogger("portal.anything")
+    with console() as lines:
+        logger.warning("fetched %s", f"https://gpus.example.org{path}", extra={"url": path})
+        try:
+            raise ValueError(f"could not render {path}")
+        except ValueError:
+            logger.exception("feed failed")
+
+    written = lines.getvalue()
+    assert secret_of(path) not in written
+    assert f"fetched https://gpus.example.org/feeds/{alice.pk}.mine.[redacted].ics" in written
+    assert f"ValueError: could not render /feeds/{alice.pk}.mine.[redacted].ics" in written
+
+
+@app.task(name="tests.feeds.log_a_feed_url")
+def log_a_feed_url(path: str) -> None:
+    logging.getLogger("celery.task").warning("a task saw %s", path)
+
+
+def test_a_celery_task_logging_a_feed_url_goes_through_the_same_filter(alice):
+    path = feed_path(alice)
+    with console() as lines:
+        log_a_feed_url.apply(args=[path])
+    assert f"a task saw /feeds/{alice.pk}.mine.[redacted].ics" in lines.getvalue()
+    assert secret_of(path) not in lines.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("text", "logged"),
+    [
+        ("GET /feeds/12.n3.abcdefgh.ics HTTP/1.1", "GET /feeds/12.n3.[redacted].ics HTTP/1.1"),
+        ("/feeds/12.mine.abc.ics?x=1", "/feeds/12.mine.[redacted].ics?x=1"),
+        ("/feeds/not-a-token.ics", "/feeds/[redacted].ics"),
+        ("/feeds/12%2Emine%2Eabc%2Eics", "/feeds/[redacted]"),  # an encoded dot still reaches the view
+        ("/feeds/12.mine.abc", "/feeds/12.mine.[redacted]"),
+        ("/api/v1/feeds/rotate/", "/api/v1/feeds/rotate/"),  # no token: left alone
+        ("/api/v1/feeds/", "/api/v1/feeds/"),
+    ],
+)
+def test_what_counts_as_a_feed_secret(text, logged):
+    assert redact_feed_urls(text) == logged
+
+
+# The web server as deployed: portal/serve.py in a subprocess.
+
+
+def serve(tmp_path, **environment: str) -> tuple[subprocess.Popen[bytes], str, object]:
+    port = free_port()
+    log = (tmp_path / "web.log").open("wb")
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "LOG_FORMAT"}}
+    env.update(VAR_DIR=str(tmp_path), SECRET_KEY=settings.SECRET_KEY, **environment)
+    process = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
+        [sys.executable, "-m", "portal.serve", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    if not wait_for(lambda: port_open(port) or process.poll() is not None, timeout=30, interval=0.1):
+        process.kill()
+    return process, f"http://127.0.0.1:{port}", log
+
+
+def test_the_web_servers_access_and_request_lines_are_json_and_hold_no_feed_secret(tmp_path):
+    # A token of the wrong length is refused before any database read, so this server needs none.
+    path = f"/feeds/1.mine.{FORGED_MAC[:-1]}.ics"
+    process, url, log = serve(tmp_path, LOG_FORMAT="json")
+    try:
+        assert requests.get(f"{url}{path}", timeout=10).status_code == 404
+        written = lambda: (tmp_path / "web.log").read_text()  # noqa: E731
+        assert wait_for(lambda: '"daphne.access"' in written(), timeout=10), written()
+    finally:
+        process.terminate()
+        process.wait(10)
+        log.close()
+
+    records = [json.loads(line) for line in written().splitlines() if line.startswith("{")]
+    access = next(r for r in records if r["logger"] == "daphne.access")
+    assert access["request_line"] == "GET /feeds/1.mine.[redacted].ics"
+    assert '"GET /feeds/1.mine.[redacted].ics" 404' in access["message"]
+    assert access["status_code"] == 404
+    not_found = next(r for r in records if r["logger"] == "django.request")
+    assert not_found["message"] == "Not Found: /feeds/1.mine.[redacted].ics"
+    assert not_found["path"] == "/feeds/1.mine.[redacted].ics"
+    assert FORGED_MAC[:-1] not in written()
+
+
+@pytest.mark.postgres_only
+def test_daphne_logs_a_real_feed_fetch_without_its_secret(asgi_server):
+    subscriber = UserFactory(username="subscriber")
+    path = feed_path(subscriber)
+
+    assert requests.get(f"{asgi_server.url}{path}", timeout=10).status_code == 200
+    assert requests.get(f"{asgi_server.url}/feeds/{subscriber.pk}.mine.{FORGED_MAC}.ics", timeout=10).status_code == 404
+
+    redacted = f'"GET /feeds/{subscriber.pk}.mine.[redacted].ics" '
+    assert wait_for(lambda: asgi_server.log().count(redacted) == 2, timeout=10), asgi_server.log()
+    assert f"{redacted}200" in asgi_server.log()
+    assert secret_of(path) not in asgi_server.log()
+    assert FORGED_MAC not in asgi_server.log()
