@@ -30,10 +30,10 @@ class PortalUserChangeForm(UserChangeForm):
 
 @admin.register(User)
 class UserAdmin(DjangoUserAdmin):
-    """People. Their unix username is set here as UNIX_USERNAME_SOURCE allows: by admins (``admin``,
-    ``request``, where a researcher's request is confirmed with the action below or on the approvals
-    page) or never (``directory``: it comes from the directory at each login). Deactivating someone
-    ends their bookings (accounts/signals.py, reservations_end_for_inactive_user)."""
+    """People. Their unix username is set here as UNIX_USERNAME_SOURCE allows: by admins (``admin``;
+    ``request``, where a researcher's request is confirmed on the approvals page or by typing the
+    requested name into the field) or never (``directory``: it comes from the directory at each
+    login). Deactivating someone ends their bookings (accounts/signals.py)."""
 
     list_display = ("username", "unix_username", "unix_username_requested", "email", "is_active", "is_staff")
     list_filter = (*DjangoUserAdmin.list_filter, UnixUsernameRequestFilter)
@@ -48,7 +48,10 @@ class UserAdmin(DjangoUserAdmin):
         *DjangoUserAdmin.add_fieldsets,
         ("GPU nodes", {"fields": ("unix_username",)}),
     )
-    actions = ["confirm_unix_usernames", "refuse_unix_usernames"]
+    # No bulk "confirm": it would confirm whatever a request says when the action runs, which its
+    # owner may have changed since the admin looked. Confirming names the name: on the approvals
+    # page, or by typing it into "unix username" here.
+    actions = ["refuse_unix_usernames"]
 
     def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
         readonly = [*super().get_readonly_fields(request, obj), "unix_username_requested"]
@@ -60,19 +63,6 @@ class UserAdmin(DjangoUserAdmin):
         if obj.unix_username and obj.unix_username == obj.unix_username_requested:
             obj.unix_username_requested = ""  # the admin typed in what was asked: granted
         super().save_model(request, obj, form, change)
-
-    @admin.action(description="Confirm the requested unix usernames", permissions=["change"])
-    def confirm_unix_usernames(self, request, queryset):  # type: ignore[no-untyped-def]
-        from accounts.services import UnixUsernameError, unix_username_confirm
-
-        for user in queryset.exclude(unix_username_requested=""):
-            name = user.unix_username_requested
-            try:
-                unix_username_confirm(user=user, name=name, actor=request.user)
-            except UnixUsernameError as error:
-                self.message_user(request, f"{user.get_username()}: {error}", messages.ERROR)
-            else:
-                self.message_user(request, f"{user.get_username()}: unix username {name} confirmed.")
 
     @admin.action(description="Refuse the requested unix usernames", permissions=["change"])
     def refuse_unix_usernames(self, request, queryset):  # type: ignore[no-untyped-def]

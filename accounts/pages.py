@@ -164,7 +164,7 @@ def unix_username_decide(request: HttpRequest, pk: int, decision: str) -> HttpRe
             unix_username_confirm(user=user, name=name, actor=request.user)
             messages.success(request, f"{user.get_username()}'s unix username is now {name}: their GPUs open for it.")
         else:  # refuse
-            unix_username_refuse(user=user, actor=request.user, reason=request.POST.get("reason", ""))
+            unix_username_refuse(user=user, actor=request.user, reason=request.POST.get("reason", ""), name=name)
             messages.success(request, f"{user.get_username()}'s request for {name!r} refused.")
     except UnixUsernameError as error:
         messages.error(request, f"{user.get_username()}: {error}")

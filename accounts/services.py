@@ -173,13 +173,20 @@ def unix_username_confirm(*, user: User, name: str, actor: Any) -> None:
         _write_unix_username(user, name, actor=actor, action="user.unix_username.confirm", before=current)
 
 
-def unix_username_refuse(*, user: User, actor: Any, reason: str = "") -> None:
-    """An admin turns a request down; the researcher sees it gone and may ask for another."""
+def unix_username_refuse(*, user: User, actor: Any, reason: str = "", name: str | None = None) -> None:
+    """An admin turns a request down (``name``: the one the admin saw, when there is one); the
+    researcher sees it gone and may ask for another."""
     _require_username_admin(actor)
     with transaction.atomic():
-        requested = User.objects.filter(pk=user.pk).values_list("unix_username_requested", flat=True).get()
+        requested = (
+            User.objects.select_for_update().filter(pk=user.pk).values_list("unix_username_requested", flat=True).get()
+        )
         if not requested:
             return
+        if name is not None and requested != name:
+            raise UnixUsernameError(
+                f"{user.get_username()} no longer asks for {name!r} (now: {requested}): look at the request again."
+            )
         User.objects.filter(pk=user.pk).update(unix_username_requested="")
         audit_record(
             actor=actor,
@@ -189,17 +196,6 @@ def unix_username_refuse(*, user: User, actor: Any, reason: str = "") -> None:
             reason=reason.strip(),
         )
     user.unix_username_requested = ""
-
-
-def unix_username_set(*, user: User, name: str | None, actor: Any) -> None:
-    """An admin sets (or, with an empty name, removes) ``user``'s unix username directly."""
-    _require_username_admin(actor)
-    checked = _checked(name) if name else None
-    with transaction.atomic():
-        current = (
-            User.objects.select_for_update().filter(pk=user.pk).values("unix_username", "unix_username_requested").get()
-        )
-        _write_unix_username(user, checked, actor=actor, action="user.unix_username.set", before=current)
 
 
 def _require_username_admin(actor: Any) -> None:

@@ -25,6 +25,15 @@ class PortalLDAPBackend(LDAPBackend):
 
 
 @receiver(populate_user, sender=PortalLDAPBackend)
+def never_reactivate(sender: type, user: User, ldap_user: Any, **kwargs: Any) -> None:
+    """LDAP_ACTIVE_GROUP may only take ``is_active`` away: django-auth-ldap sets the flag from the
+    group at every login, which would let someone an admin deactivated (and whose bookings were
+    ended) back in just by logging in while still in the group."""
+    if user.pk is not None and not User.objects.filter(pk=user.pk, is_active=True).exists():
+        user.is_active = False
+
+
+@receiver(populate_user, sender=PortalLDAPBackend)
 def take_unix_username(sender: type, user: User, ldap_user: Any, **kwargs: Any) -> None:
     if settings.UNIX_USERNAME_SOURCE != "directory":
         return  # an admin sets or confirms it (docs/security.md, "Who sets the unix username")

@@ -5,12 +5,12 @@
   to find an account: a renamed ``preferred_username`` or a new email at the provider still lands on
   the same account, and claiming somebody else's username lands on nobody's.
 - A subject the portal has not seen before gets a new account, named by the ``OIDC_USERNAME_CLAIM``
-  claim (default ``preferred_username``). When an account of that name exists already it is linked
-  only if nothing but an earlier institutional login can have made it: no subject stored yet, no
-  usable password (a local account's owner has a password; an admin links such accounts), and not
-  staff or superuser. Anything else is refused with a message saying to ask an administrator, who
-  links the account by setting its OpenID Connect subject in Django admin (the message and the log
-  name the subject). An existing staff account is never linked automatically.
+  claim (default ``preferred_username``). When an account of that name exists already the login is
+  refused with a message saying to ask an administrator, who links the account by setting its
+  OpenID Connect subject in Django admin (the message and the log name the subject). Only while
+  ``OIDC_LINK_BY_USERNAME`` is on (an upgrade aid, off by default) is such an account linked
+  automatically, and then only an active one with no subject, no usable password, and not staff or
+  superuser. An existing staff account is never linked automatically.
 - The userinfo answer must be about the ID token's subject (OpenID Connect Core 5.3.2).
 - Email is stored only when the provider says it is verified (``email_verified: true``).
 - With UNIX_USERNAME_SOURCE=directory (the default when OIDC is on with ``OIDC_UNIX_USERNAME_CLAIM``
@@ -85,7 +85,11 @@ class PortalOIDCBackend(OIDCAuthenticationBackend):
             user.set_unusable_password()
             return user
         staff = existing.is_staff or existing.is_superuser
-        if existing.oidc_sub is None and not existing.has_usable_password() and not staff:
+        # Off by default: an account with no password and no subject may equally be an LDAP account or
+        # one an admin made password-less, and a username claim people can edit would then hand it over.
+        # It is an upgrade aid for accounts the username-claim login made before subjects were stored.
+        upgrading = settings.OIDC_LINK_BY_USERNAME and existing.is_active
+        if upgrading and existing.oidc_sub is None and not existing.has_usable_password() and not staff:
             logger.info("OIDC subject %r linked to the existing account %r on its first login", subject, username)
             existing.oidc_sub = subject
             return existing

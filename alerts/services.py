@@ -299,16 +299,21 @@ def alerts_from_events(*, node: Node, events: Iterable[NodeEvent], now: datetime
             )
         elif event.kind == NodeEvent.Kind.LEASE_REFUSED:
             # The node will not give this account a GPU (no such account there, or a system one):
-            # the booking holds its slot but opens nothing, so an admin must fix the binding.
-            alert_open(
-                subject=Subject(Kind.ACCOUNT_REFUSED, node.pk, None, subject_user),
-                now=now,
-                details=_event_details(event),
-                # The node names the booking; only one of its own is linked (a node reports for itself).
-                reservation_id=Reservation.objects.filter(pk=event.reservation_id, node=node)
+            # the booking holds its slot but opens nothing, so an admin must fix the binding. Only a
+            # refusal of a lease the portal sent this node counts (its booking, its holder's name),
+            # so a hostile node cannot open alerts for names nobody booked with.
+            booking = (
+                Reservation.objects.filter(pk=event.reservation_id, node=node, user__unix_username=subject_user)
                 .values_list("pk", flat=True)
-                .first(),
+                .first()
             )
+            if booking is not None:
+                alert_open(
+                    subject=Subject(Kind.ACCOUNT_REFUSED, node.pk, None, subject_user),
+                    now=now,
+                    details=_event_details(event),
+                    reservation_id=booking,
+                )
         elif event.kind == NodeEvent.Kind.GRANTED and subject_user:
             alerts_resolve(
                 Subject(Kind.ACCOUNT_REFUSED, node.pk, None, subject_user).open_alerts(),
@@ -634,14 +639,17 @@ def alerts_mail_staff(*, now: datetime) -> int:
     recipients = staff_recipients()
     sent = 0
     for kind in sorted(kinds):
-        mails = _claim(kind, now)
+        # Each kind's claims carry the moment they were taken, not the run's start: a run that mails
+        # slowly through many kinds must not leave claims that already look abandoned to another run.
+        claimed_at = timezone.now()
+        mails = _claim(kind, claimed_at)
         for position, mail in enumerate(mails):
             try:
                 if recipients:
                     send_templated(to=recipients, template="alert_staff", context=_staff_context(mail.alerts, now))
             except Exception:
                 unsent = [m.mail_id for m in mails[position:]]
-                Alert.objects.filter(mail_id__in=unsent, notified_at=now).update(notified_at=None, mail_id=None)
+                Alert.objects.filter(mail_id__in=unsent, notified_at=claimed_at).update(notified_at=None, mail_id=None)
                 raise
             Alert.objects.filter(mail_id=mail.mail_id, mailed_at__isnull=True).update(mailed_at=timezone.now())
             sent += 1

@@ -302,6 +302,10 @@ OIDC_USERNAME_CLAIM = envstr("OIDC_USERNAME_CLAIM", "preferred_username")
 # to a colleague's unix account would have the nodes open it to them. Name a directory-backed claim.
 OIDC_UNIX_USERNAME_CLAIM = envstr("OIDC_UNIX_USERNAME_CLAIM")
 OIDC_GROUPS_CLAIM = envstr("OIDC_GROUPS_CLAIM", "groups")
+# Upgrade aid, off by default (accounts/sso_oidc.py): link a first-seen subject to an existing
+# password-less, non-staff account of the same username, as the username-claim login of earlier
+# versions made them. Turn it on for the first logins after an upgrade, then off.
+OIDC_LINK_BY_USERNAME = envbool("OIDC_LINK_BY_USERNAME", False)
 OIDC_STAFF_GROUPS = envlist("OIDC_STAFF_GROUPS", [])
 if OIDC_ENABLED:
     _sso_import("mozilla_django_oidc", "OIDC_RP_CLIENT_ID")

@@ -21,6 +21,7 @@ from portal.fields import AwareDateTimeField
 from reservations import selectors, services
 from reservations.availability import earliest_windows
 from reservations.exceptions import InvalidBooking, SlotConflict
+from reservations.limits import booking_horizon, effective_limits
 from reservations.models import Reservation
 from reservations.serializers import (
     AvailabilityQuery,
@@ -162,8 +163,20 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
 
 def _validated(serializer_class: type, request: Request) -> dict[str, Any]:
     serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
+    if not serializer.is_valid():
+        raise ValidationError(_with_horizon(serializer, request.user))
     return serializer.validated_data
+
+
+def _with_horizon(serializer: Any, user: Any) -> Any:
+    """A booking or extension ending beyond the calendar (year 9999, say) was meant as "as long as
+    possible": its refusal also says how far ahead this person may book, and whose limit that is."""
+    errors = serializer.errors
+    codes = serializer.errors.get("end") and [error.code for error in errors["end"]]
+    raw = serializer.initial_data.get("end") if isinstance(serializer.initial_data, dict) else None
+    if codes != ["out_of_range"] or not isinstance(raw, str) or user.is_booking_admin or raw[:4] < "3000":
+        return errors
+    return {**errors, "end": [*errors["end"], booking_horizon(effective_limits(user))]}
 
 
 def _parse_time(name: str, raw: str) -> Any:

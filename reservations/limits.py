@@ -92,6 +92,11 @@ def _where_from(limits: EffectiveLimits, field: str) -> str:
     return f" (the site ceiling {CEILING_SETTINGS[field]}: an admin can set another in a Limit)"
 
 
+def booking_horizon(limits: EffectiveLimits) -> str:
+    """How far ahead these limits let a booking end, in words (for a refusal that should say it)."""
+    return f"Bookings may end at most {limits.max_days_ahead} days ahead{_where_from(limits, 'max_days_ahead')}."
+
+
 def _ceiling_detail(limits: EffectiveLimits, field: str) -> dict[str, str]:
     """{"ceiling": "MAX_DAYS_AHEAD"} in a refusal's details when the number is the setting's."""
     return {"ceiling": CEILING_SETTINGS[field]} if field in limits.ceilings else {}

@@ -188,7 +188,14 @@ class Limit(models.Model):
         blank=True,
         help_text="How many GPUs one person may hold at the same moment.",
     )
-    max_slot_hours = models.DecimalField("longest slot (hours)", max_digits=7, decimal_places=2, null=True, blank=True)
+    max_slot_hours = models.DecimalField(
+        "longest slot (hours)",
+        max_digits=7,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text="Unset everywhere: the site ceiling MAX_SLOT_HOURS (168 by default).",
+    )
     weekly_gpu_hours = models.DecimalField(
         "GPU-hours per rolling 7 days",
         max_digits=9,
@@ -198,7 +205,10 @@ class Limit(models.Model):
         help_text="Counted over every 7-day window that touches the booking.",
     )
     max_days_ahead = models.PositiveIntegerField(
-        "days ahead", null=True, blank=True, help_text="How far ahead a booking may end."
+        "days ahead",
+        null=True,
+        blank=True,
+        help_text="How far ahead a booking may end. Unset everywhere: the site ceiling MAX_DAYS_AHEAD (90 by default).",
     )
     requires_approval = models.BooleanField(
         null=True, blank=True, help_text="Whether bookings wait for an admin's approval."

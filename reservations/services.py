@@ -83,6 +83,10 @@ def reservation_create(
 
     with _booking_transaction():
         _lock_booking_rows(user_id=user.pk, gpu_ids=gpu_ids)
+        # Again under the user's row lock, which a deactivation's UPDATE needs too: either it committed
+        # first and this read sees it, or it comes after and its reaction ends this booking as well.
+        if not User.objects.filter(pk=user.pk, is_active=True).exists():
+            raise NotAllowed(f"{user.get_username()}'s account is disabled.")
         booked_gpus = _load_gpus(gpu_ids)
         node = _bookable_node(booked_gpus)
         _check_slot_free(node=node, gpus=booked_gpus, start=start, end=end)
@@ -118,7 +122,7 @@ def reservation_approve(*, reservation: Reservation, actor: Any, reason: str = "
     if reservation.extends_id is not None:
         return _approve_extension(reservation, actor=actor, reason=reason)
     with _booking_transaction():
-        locked = selectors.reservation_for_update(reservation.pk)
+        locked = _lock(reservation.pk)
         _require_status(locked, (Status.PENDING,), "approved")
         now = timezone.now()
         if locked.end <= now:
@@ -137,7 +141,7 @@ def reservation_reject(*, reservation: Reservation, actor: Any, reason: str) -> 
     if not reason:
         raise InvalidBooking("Give a reason for the rejection: the researcher will read it.", field="reason")
     with _booking_transaction():
-        locked = selectors.reservation_for_update(reservation.pk)
+        locked = _lock(reservation.pk)
         _require_status(locked, (Status.PENDING,), "rejected")
         before = _snapshot(locked)
         locked.status = Status.REJECTED
@@ -151,7 +155,7 @@ def reservation_reject(*, reservation: Reservation, actor: Any, reason: str) -> 
 def reservation_cancel(*, reservation: Reservation, actor: Any, reason: str = "") -> Reservation:
     """Cancel a booking. Its owner may cancel before the start; admins at any time."""
     with _booking_transaction():
-        locked = selectors.reservation_for_update(reservation.pk)
+        locked = _lock(reservation.pk)
         _require_owner_or_admin(actor, locked, "cancel")
         _require_status(locked, Reservation.LIVE_STATUSES, "cancelled")
         now = timezone.now()
@@ -172,7 +176,7 @@ def reservation_cancel(*, reservation: Reservation, actor: Any, reason: str = ""
 def reservation_release(*, reservation: Reservation, actor: Any) -> Reservation:
     """End a running slot now; the rest of it is freed for others."""
     with _booking_transaction():
-        locked = selectors.reservation_for_update(reservation.pk)
+        locked = _lock(reservation.pk)
         _require_owner_or_admin(actor, locked, "release")
         _require_status(locked, Reservation.LIVE_STATUSES, "released")
         now = timezone.now()
@@ -206,11 +210,13 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
     """
     _require_aware(end, "end")
     new_end = ceil_to_grid(end)
-    current = Reservation.objects.select_related("user").get(pk=reservation.pk)
+    current = Reservation.objects.select_related("user", "extends").filter(pk=reservation.pk).first()
+    if current is None:
+        _lock(reservation.pk)  # raises: an extension approved meanwhile
     gpu_ids = list(current.allocations.values_list("gpu_id", flat=True))
     with _booking_transaction():
         _lock_booking_rows(user_id=current.user_id, gpu_ids=gpu_ids)
-        locked = selectors.reservation_for_update(reservation.pk)
+        locked = _lock(reservation.pk)
         _require_owner_or_admin(actor, locked, "extend")
         _require_status(locked, Reservation.LIVE_STATUSES, "extended")
         now = timezone.now()
@@ -235,9 +241,11 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
         _check_slot_free(node=locked.node, gpus=gpus, start=locked.end, end=new_end, reservation=locked)
         limits = effective_limits(locked.user)
         if not actor.is_booking_admin:
+            # A waiting extension made longer is judged with its booking: the slot approval would make.
+            whole_start = current.extends.start if current.extends_id is not None else locked.start
             check_limits(
                 limits=limits,
-                slot=(locked.start, new_end),
+                slot=(whole_start, new_end),
                 asked=Period(locked.end, new_end, len(gpus)),
                 held=_held(limits, user=locked.user, start=locked.end, end=new_end),
                 now=now,
@@ -267,7 +275,10 @@ def reservations_end_for_inactive_user(*, user: Any, reason: str, actor: Any | N
     # Bookings before their pending extensions, so an extension goes with its booking.
     for pk in live.order_by(F("extends").asc(nulls_first=True), "start", "pk").values_list("pk", flat=True):
         with _booking_transaction():
-            locked = selectors.reservation_for_update(pk)
+            try:
+                locked = _lock(pk)
+            except InvalidState:
+                continue  # an extension approved (merged) meanwhile: its booking is in the list too
             now = timezone.now()
             if locked.user.is_active or locked.status not in Reservation.LIVE_STATUSES or locked.end <= now:
                 continue
@@ -510,7 +521,7 @@ def _cancel_locked(reservation: Reservation, *, actor: Any, now: datetime, reaso
 def _cancel_pending_extensions(reservation: Reservation, *, actor: Any, now: datetime, reason: str) -> None:
     """An undecided extension goes with the booking it extends when that ends early."""
     for pk in reservation.extensions.filter(status=Status.PENDING).values_list("pk", flat=True):
-        _cancel_locked(selectors.reservation_for_update(pk), actor=actor, now=now, reason=reason)
+        _cancel_locked(_lock(pk), actor=actor, now=now, reason=reason)
 
 
 def _end_now(reservation: Reservation, now: datetime) -> None:
@@ -547,8 +558,8 @@ def _approve_extension(extension: Reservation, *, actor: Any, reason: str) -> Re
     """Merge an approved extension into the booking it extends: the booking ends at the
     extension's end, and the extension's own record goes (the audit trail keeps both)."""
     with _booking_transaction():
-        booking = selectors.reservation_for_update(extension.extends_id)
-        locked = selectors.reservation_for_update(extension.pk)
+        booking = _lock(extension.extends_id)
+        locked = _lock(extension.pk)
         _require_status(locked, (Status.PENDING,), "approved")
         now = timezone.now()
         if locked.end <= now:
@@ -578,6 +589,18 @@ def _approve_extension(extension: Reservation, *, actor: Any, reason: str) -> Re
         locked.delete()
         _changed(actor, "extend", booking, before, reason=reason.strip(), mail_verb="extension_approved")
     return booking
+
+
+def _lock(reservation_id: int) -> Reservation:
+    """The reservation, row-locked. An extension's row goes when it is approved (merged into its
+    booking): whoever acted on it at the same moment gets words, not a 500."""
+    try:
+        return selectors.reservation_for_update(reservation_id)
+    except Reservation.DoesNotExist:
+        raise InvalidState(
+            f"Reservation #{reservation_id} no longer exists: an extension is merged into its booking when it "
+            "is approved. Look at the booking it extended."
+        ) from None
 
 
 def _lock_booking_rows(*, user_id: int, gpu_ids: list[int]) -> None:

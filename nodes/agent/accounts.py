@@ -5,8 +5,9 @@ The portal checks a username's syntax and refuses a deny list of service account
 node knows its accounts. A lease is refused (that lease only; the rest of the snapshot is enforced
 as usual) when its account does not exist here, is a system account (a uid below ``UID_MIN``, or
 ``nobody``), or is one of the agent's protected users. Lookups go through NSS (``pwd``), so LDAP
-or SSSD accounts count, and are cached for a minute: the enforcer asks on every pass, and an
-account created (or removed) later is noticed within that minute.
+or SSSD accounts count. The enforcer's boundary path reads only cached answers; the checker
+thread looks every lease's account up again at most once a minute, so an account created later is
+noticed within that minute and a slow directory never delays a slot's start or end.
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ class AccountCheck:
         self._cache: dict[str, tuple[float, str | None]] = {}
         self._lock = threading.Lock()
 
-    def refusal(self, name: str) -> str | None:
+    def refusal(self, name: str, *, max_age: float = CACHE_SECONDS) -> str | None:
+        """Looked up again when the cached answer is older than ``max_age`` seconds."""
         now = self._clock()
         with self._lock:
             cached = self._cache.get(name)
-        if cached is not None and now - cached[0] < CACHE_SECONDS:
+        if cached is not None and now - cached[0] < max_age:
             return cached[1]
         answer = self._decide(name)
         with self._lock:

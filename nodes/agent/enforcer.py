@@ -18,6 +18,7 @@ a second thread, the checker, so the boundary timer is never held up by either.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import threading
@@ -29,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nodes.agent import acl, cleanup, procfs
-from nodes.agent.accounts import AccountCheck
+from nodes.agent.accounts import CACHE_SECONDS, AccountCheck
 from nodes.agent.config import AgentConfig
 from nodes.agent.snapshot import Lease, Snapshot, SnapshotRefused, parse_snapshot
 from nodes.agent.store import SnapshotStore
@@ -177,7 +178,14 @@ class Enforcer:
         wanted: dict[str, set[str]] = {uuid: set() for uuid in self.paths}
         snapshot = self._snapshot
         for lease in snapshot.leases if snapshot else ():
-            if not lease.active_at(now) or self._lease_refused(lease):
+            if not lease.active_at(now):
+                continue
+            if self._lease_refused(lease, max_age=math.inf):
+                # Refusing blocks a grant, never takes one back: NSS answers "no such user" when
+                # its directory is unreachable, and that must not end a running slot's jobs.
+                for uuid in lease.gpus:
+                    if lease.user in self._granted.get(uuid, ()):
+                        wanted[uuid].add(lease.user)
                 continue
             for uuid in lease.gpus:
                 if uuid in wanted:
@@ -187,10 +195,11 @@ class Enforcer:
                     self.report("unknown_gpu", gpu=uuid, user=lease.user, reservation=lease.reservation)
         return wanted
 
-    def _lease_refused(self, lease: Lease) -> bool:
+    def _lease_refused(self, lease: Lease, *, max_age: float = CACHE_SECONDS) -> bool:
         """Whether this node refuses the lease's account (no such account, a system account, a
-        protected one): that lease alone is not enforced, and the refusal is reported once."""
-        reason = self.accounts.refusal(lease.user)
+        protected one): that lease alone is not enforced, and the refusal is reported once. The
+        boundary path passes ``max_age=inf`` (cached answers only, looked up if never seen)."""
+        reason = self.accounts.refusal(lease.user, max_age=max_age)
         if reason is None:
             return False
         key = (lease.reservation, lease.user)
@@ -353,7 +362,12 @@ class Enforcer:
         )
 
     def check_holders(self, now: datetime) -> None:
-        """Report (and, by policy, end) processes on a GPU whose user holds no lease on it."""
+        """Report (and, by policy, end) processes on a GPU whose user holds no lease on it. First,
+        off the boundary path, look the leases' accounts up again where the answer is a minute old."""
+        snapshot = self._snapshot
+        for lease in snapshot.leases if snapshot else ():
+            if lease.end > now:
+                self._lease_refused(lease)
         wanted = self.desired(now)
         live: set[tuple[str, int]] = set()
         for uuid, holders in self.holders().items():

@@ -103,6 +103,16 @@ class Directory:
         connection.unbind_s()
         return dn
 
+    def add_group(self, cn: str, members: list[str]) -> str:
+        """A groupOfNames under the suffix with these member DNs (at least one: the schema wants it)."""
+        dn = f"cn={cn},{SUFFIX}"
+        connection = self._connection()
+        connection.add_s(
+            dn, [("objectClass", [b"groupOfNames"]), ("cn", [cn.encode()]), ("member", [m.encode() for m in members])]
+        )
+        connection.unbind_s()
+        return dn
+
     def binds_as(self, dn: str) -> int:
         """How many times someone tried to bind (log in) as ``dn`` so far, rightly or not."""
         return len(re.findall(rf'BIND dn="{re.escape(dn)}" method=128', self.log()))

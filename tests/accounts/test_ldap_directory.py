@@ -9,12 +9,14 @@ import pytest
 from django.test import Client
 
 from accounts.models import User
-from tests.accounts.directory import ADMIN_DN, ADMIN_PASSWORD, PEOPLE, Directory, available
+from tests.accounts.directory import ADMIN_DN, ADMIN_PASSWORD, PEOPLE, SUFFIX, Directory, available
+from tests.factories import UserFactory
 
 pytest.importorskip("django_auth_ldap", reason="the sso extra is not installed: pip install '.[sso]'")
 pytestmark = pytest.mark.skipif(not available(), reason="slapd is not installed (scripts/services installs it)")
 
 DANA_PASSWORD = "dana-directory-password"
+ERIN_PASSWORD = "erin-directory-password"
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +95,54 @@ def test_spraying_many_usernames_from_one_address_locks_the_address_before_the_d
     ldap_login.settle()
     assert ldap_login.binds_as(ldap_login.dana) == before
     assert log_in(Client(REMOTE_ADDR="198.51.100.67"), "dana", DANA_PASSWORD).status_code == 302
+
+
+@pytest.fixture
+def active_group(ldap_login, settings, directory):
+    """LDAP_ACTIVE_GROUP as portal/settings.py wires it: only dana's colleague erin is a member."""
+    import ldap
+    from django_auth_ldap.config import GroupOfNamesType, LDAPSearch
+
+    if not hasattr(directory, "erin"):
+        directory.erin = directory.add_person("erin", ERIN_PASSWORD, given="Erin", surname="Ward")
+        directory.gpu_users = directory.add_group("gpu-users", [directory.erin])
+    settings.AUTH_LDAP_GROUP_SEARCH = LDAPSearch(SUFFIX, ldap.SCOPE_SUBTREE, "(objectClass=groupOfNames)")
+    settings.AUTH_LDAP_GROUP_TYPE = GroupOfNamesType()
+    settings.AUTH_LDAP_USER_FLAGS_BY_GROUP = {"is_active": directory.gpu_users}
+    return directory
+
+
+def test_a_login_outside_the_active_group_deactivates_and_ends_the_bookings(
+    clock, client, active_group, gpus, django_capture_on_commit_callbacks
+):
+    from reservations.models import Reservation
+    from reservations.services import reservation_create
+    from tests.conftest import at
+
+    dana = UserFactory(username="dana", unix_username="dana")
+    booking = reservation_create(user=dana, gpus=gpus[:1], start=at(1), end=at(2))
+
+    with django_capture_on_commit_callbacks(execute=True):
+        refused = log_in(client, "dana", DANA_PASSWORD)
+
+    assert refused.status_code == 200 and "_auth_user_id" not in client.session
+    dana.refresh_from_db()
+    booking.refresh_from_db()
+    assert not dana.is_active
+    assert (booking.status, booking.cancel_reason) == (Reservation.Status.CANCELLED, "the account was deactivated")
+
+
+def test_the_directory_never_reactivates_someone_an_admin_deactivated(client, active_group, db):
+    UserFactory(username="erin", unix_username="erin", is_active=False)  # deactivated in the portal
+
+    refused = log_in(client, "erin", ERIN_PASSWORD)
+
+    assert refused.status_code == 200 and "_auth_user_id" not in client.session
+    assert not User.objects.get(username="erin").is_active
+    assert log_in(Client(), "erin", ERIN_PASSWORD).status_code == 200  # still in the group, still out
+    assert User.objects.filter(username="erin", is_active=False).exists()
+
+
+def test_a_member_of_the_active_group_logs_in(client, active_group, db):
+    assert log_in(client, "erin", ERIN_PASSWORD).status_code == 302
+    assert User.objects.get(username="erin").is_active

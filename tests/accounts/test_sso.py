@@ -297,12 +297,35 @@ def test_a_local_account_with_a_password_is_never_linked_by_its_username(client,
     assert "not linked to your institutional identity" in refusal_on_the_login_page(client)
 
 
-def test_an_account_an_earlier_institutional_login_made_is_linked_on_its_next_login_and_then_only_to_it(
-    client, oidc, db
+def test_a_password_less_account_is_not_linked_by_its_username_by_default(client, oidc, db):
+    """An LDAP account, or one an admin made password-less, looks just like one an old login made:
+    a username claim someone can edit must not hand it over."""
+    dana = UserFactory(username="dana")
+    dana.set_unusable_password()
+    dana.save()
+
+    log_in(client, oidc, sub="sub-attacker", **CLAIMS)
+
+    assert logged_in_as(client) is None
+    dana.refresh_from_db()
+    assert dana.oidc_sub is None
+    assert "not linked to your institutional identity" in refusal_on_the_login_page(client)
+
+
+def test_while_upgrading_an_account_an_earlier_institutional_login_made_is_linked_once_and_then_only_to_it(
+    client, oidc, db, settings
 ):
+    settings.OIDC_LINK_BY_USERNAME = True
     dana = UserFactory(username="dana")  # made before subjects were stored: no password, no subject
     dana.set_unusable_password()
     dana.save()
+    inactive = UserFactory(username="erin", is_active=False)
+    inactive.set_unusable_password()
+    inactive.save()
+    log_in(client, oidc, sub="sub-erin", **(CLAIMS | {"preferred_username": "erin", "uid": "erin"}))
+    assert logged_in_as(client) is None  # an inactive account is never linked
+    inactive.refresh_from_db()
+    assert inactive.oidc_sub is None
 
     log_in(client, oidc, sub="sub-dana", **CLAIMS)
     assert logged_in_as(client).pk == dana.pk

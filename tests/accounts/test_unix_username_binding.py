@@ -14,7 +14,6 @@ from accounts.services import (
     unix_username_confirm,
     unix_username_refuse,
     unix_username_request,
-    unix_username_set,
 )
 from audit.models import AuditEntry
 from nodes.leases import node_leases
@@ -107,13 +106,18 @@ def test_researchers_cannot_confirm_or_set(newcomer, alice):
     with pytest.raises(UnixUsernameError, match="Only admins"):
         unix_username_confirm(user=newcomer, name="dana_lab", actor=alice)
     with pytest.raises(UnixUsernameError, match="Only admins"):
-        unix_username_set(user=newcomer, name="dana_lab", actor=newcomer)
+        unix_username_refuse(user=newcomer, actor=newcomer)
 
 
 @pytest.mark.parametrize("name", ["root", "www-data", "postgres", "Dana", "../x"])
-def test_an_admin_cannot_set_a_service_account_or_a_bad_name_either(newcomer, carol, name):
+def test_confirming_checks_the_name_again(newcomer, carol, name):
+    """A request that reached the database some other way (an older portal, a script) is checked
+    once more when an admin confirms it."""
+    User.objects.filter(pk=newcomer.pk).update(unix_username_requested=name)
+
     with pytest.raises(UnixUsernameError):
-        unix_username_set(user=newcomer, name=name, actor=carol)
+        unix_username_confirm(user=newcomer, name=name, actor=carol)
+
     newcomer.refresh_from_db()
     assert newcomer.unix_username is None
 
@@ -122,8 +126,9 @@ def test_with_the_directory_as_source_nobody_sets_it_in_the_portal(newcomer, car
     settings.UNIX_USERNAME_SOURCE = "directory"
     with pytest.raises(UnixUsernameError, match="You cannot choose"):
         unix_username_request(user=newcomer, name="dana_lab", actor=newcomer)
+    User.objects.filter(pk=newcomer.pk).update(unix_username_requested="dana_lab")
     with pytest.raises(UnixUsernameError, match="come from the directory"):
-        unix_username_set(user=newcomer, name="dana_lab", actor=carol)
+        unix_username_confirm(user=newcomer, name="dana_lab", actor=carol)
 
 
 def test_a_confirmed_change_sends_the_nodes_their_new_state(
@@ -180,22 +185,48 @@ def test_researchers_cannot_decide_requests(newcomer, alice):
     assert newcomer.unix_username is None
 
 
-def test_django_admin_confirms_requests_in_bulk(newcomer, carol):
+def test_django_admin_confirms_by_typing_the_name_and_refuses_in_bulk(newcomer, alice, carol):
     unix_username_request(user=newcomer, name="dana_lab", actor=newcomer)
     erin = UserFactory(username="erin", unix_username=None)
     unix_username_request(user=erin, name="erin_gpu", actor=erin)
     client = admin_client(carol)
     changelist = reverse("admin:accounts_user_changelist")
-    assert "dana_lab" in client.get(f"{changelist}?unix_request=waiting").content.decode()
+    html = client.get(f"{changelist}?unix_request=waiting").content.decode()
+    assert "dana_lab" in html and "erin_gpu" in html
+    assert "confirm_unix_usernames" not in html  # no bulk confirm: it would confirm what the owner changed since
 
-    client.post(
-        changelist, {"action": "confirm_unix_usernames", "_selected_action": [newcomer.pk, erin.pk]}, follow=True
+    url = reverse("admin:accounts_user_change", args=[newcomer.pk])
+    form = client.get(url).context["adminform"].form
+    data = {k: v for k, v in form.initial.items() if v is not None and k not in ("password", "last_login")}
+    data.update(
+        unix_username="dana_lab",
+        date_joined_0=newcomer.date_joined.strftime("%Y-%m-%d"),
+        date_joined_1=newcomer.date_joined.strftime("%H:%M:%S"),
+        groups=[],
+        user_permissions=[],
+    )
+    data.pop("date_joined", None)
+    assert client.post(url, data).status_code == 302
+    client.post(changelist, {"action": "refuse_unix_usernames", "_selected_action": [erin.pk]}, follow=True)
+
+    newcomer.refresh_from_db()
+    erin.refresh_from_db()
+    assert (newcomer.unix_username, newcomer.unix_username_requested) == ("dana_lab", "")
+    assert (erin.unix_username, erin.unix_username_requested) == (None, "")
+
+
+def test_refusing_on_the_approvals_page_refuses_only_the_name_the_admin_saw(newcomer, carol):
+    unix_username_request(user=newcomer, name="dana_lab", actor=newcomer)
+    unix_username_request(user=newcomer, name="dana_x", actor=newcomer)  # after the page loaded
+
+    response = admin_client(carol).post(
+        reverse("unix-username-decide", args=[newcomer.pk, "refuse"]), {"name": "dana_lab"}, follow=True
     )
 
-    assert dict(User.objects.filter(pk__in=[newcomer.pk, erin.pk]).values_list("username", "unix_username")) == {
-        "dana": "dana_lab",
-        "erin": "erin_gpu",
-    }
+    (message,) = [str(m) for m in response.context["messages"]]
+    assert "no longer asks for 'dana_lab'" in message
+    newcomer.refresh_from_db()
+    assert newcomer.unix_username_requested == "dana_x"
 
 
 def test_django_admin_shows_the_unix_username_read_only_with_the_directory_as_source(alice, carol, settings):

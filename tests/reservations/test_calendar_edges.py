@@ -70,6 +70,25 @@ def test_booking_by_node_and_count_at_the_calendars_edge_is_a_400(alice, gpus, v
     refused_in_words(response, "end", words)
 
 
+@pytest.mark.parametrize("path", ["book", "extend"])
+def test_a_booking_until_9999_also_names_how_far_ahead_one_may_book(alice, carol, gpus, path):
+    """ "Until 9999" means "as long as I can": the refusal says how long that is, and whose number."""
+    if path == "book":
+        body, url = {"gpus": [gpus[0].pk], "start": at(1).isoformat(), "end": "9999-12-31T23:59:00Z"}, ""
+    else:
+        booking = reservation_create(user=alice, gpus=gpus[:1], start=at(1), end=at(2))
+        body, url = {"end": "9999-12-31T23:59:59Z"}, f"{booking.pk}/extend/"
+
+    response = client_for(alice).post(f"/api/v1/reservations/{url}", body, format="json")
+
+    refused_in_words(response, "end", CALENDAR_WORDS)
+    assert (
+        "Bookings may end at most 90 days ahead (the site ceiling MAX_DAYS_AHEAD" in response.json()["error"]["message"]
+    )
+    admin = client_for(carol).post(f"/api/v1/reservations/{url}", body, format="json")
+    assert "Bookings may end" not in admin.json()["error"]["message"]  # admins book past limits
+
+
 def test_a_start_at_the_calendars_edge_is_a_400(alice, gpus):
     response = client_for(alice).post(
         "/api/v1/reservations/",

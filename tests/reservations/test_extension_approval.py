@@ -12,7 +12,7 @@ from django.urls import reverse
 from audit.models import AuditEntry
 from nodes.leases import node_leases
 from reservations import selectors
-from reservations.exceptions import InvalidState, SlotConflict
+from reservations.exceptions import InvalidState, LimitExceeded, SlotConflict
 from reservations.models import Allocation, Limit, Reservation
 from reservations.services import (
     reservation_approve,
@@ -272,3 +272,27 @@ def test_the_pages_say_the_extension_waits_and_the_admin_decides_there(running, 
     assert [str(m) for m in response.context["messages"]] == [
         f"Extension #{waiting.pk} of alice approved: reservation #{running.pk} now ends Mon 7 Jan 2030, 14:00 (UTC)."
     ]
+
+
+def test_lengthening_the_request_is_judged_with_its_booking(running, alice, settings):
+    """The longest slot counts from the booking's start, as the merged booking would run."""
+    settings.MAX_SLOT_HOURS = 10
+    reservation_extend(reservation=running, actor=alice, end=at(6))
+    waiting = selectors.pending_extension(running)
+
+    with pytest.raises(LimitExceeded, match="longest slot: 16 hours asked > 10 allowed"):
+        reservation_extend(reservation=waiting, actor=alice, end=at(16))
+
+
+def test_acting_on_an_extension_merged_meanwhile_answers_in_words(running, alice, carol):
+    reservation_extend(reservation=running, actor=alice, end=at(3))
+    waiting = selectors.pending_extension(running)
+    stale = Reservation.objects.get(pk=waiting.pk)  # what a second admin's page or request holds
+    reservation_approve(reservation=waiting, actor=carol)
+
+    with pytest.raises(InvalidState, match="no longer exists: an extension is merged into its booking"):
+        reservation_approve(reservation=stale, actor=carol)
+    with pytest.raises(InvalidState, match="no longer exists"):
+        reservation_cancel(reservation=stale, actor=alice)
+    with pytest.raises(InvalidState, match="no longer exists"):
+        reservation_extend(reservation=stale, actor=alice, end=at(5))

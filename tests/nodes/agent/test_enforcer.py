@@ -407,6 +407,41 @@ def test_a_hand_over_to_an_account_the_node_lacks_still_revokes_the_previous_hol
     assert [kind for kind, _ in node.events if kind in ("revoked", "lease_refused")] == ["lease_refused", "revoked"]
 
 
+def test_a_directory_outage_never_takes_a_running_grant_back(node, unix_users):
+    """NSS answers "no such user" when LDAP or SSSD is unreachable: a lease already granted stays
+    granted (its jobs keep running); a lease not granted yet waits for the directory to come back."""
+    a, b = unix_users[0].name, unix_users[1].name
+    outage = {"on": False}
+
+    def lookup(name: str) -> int:
+        if outage["on"]:
+            raise KeyError(name)
+        return pwd.getpwnam(name).pw_uid
+
+    ticks = {"now": 0.0}
+    node.enforcer.accounts = AccountCheck(uid_min=1000, lookup=lookup, clock=lambda: ticks["now"])
+    g0, g1 = node.gpus
+    node.enforcer.offer(node.snapshot([lease(1, a, [g0], T0, T2), lease(2, b, [g1], T1, T2)]))
+    node.enforcer.converge(T0)
+    assert acl_users(node.device(0)) == {a}
+
+    outage["on"] = True
+    ticks["now"] = 120.0  # every cached answer is old: the checker asks the directory again
+    node.enforcer.check_holders(T0)
+    node.enforcer.converge(T1)
+    node.enforcer.reconcile(T1)
+
+    assert acl_users(node.device(0)) == {a}  # kept
+    assert acl_users(node.device(1)) == set()  # not granted while the directory says nothing
+    assert "revoked" not in node.kinds()
+
+    outage["on"] = False
+    ticks["now"] = 240.0
+    node.enforcer.check_holders(T1)
+    node.enforcer.converge(T1)
+    assert acl_users(node.device(1)) == {b}
+
+
 def test_a_refused_lease_is_reported_once_across_snapshots_and_a_new_one_again(node):
     ghost = f"gpbt_ghost{secrets.token_hex(3)}"
     node.enforcer.offer(node.snapshot([lease(1, ghost, [node.gpus[0]], T0, T1)], version=1))
