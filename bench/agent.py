@@ -74,7 +74,7 @@ def _enforcer(home: Path, gpus: int, report) -> tuple[Enforcer, object, str]:
         {
             "NODE_NAME": "bench-node",
             "BROKER_URL": "redis://127.0.0.1:1/0",
-            "PORTAL_URL": "http://127.0.0.1:1",
+            "PORTAL_URL": "https://127.0.0.1:1",  # never contacted here
             "AGENT_TOKEN": "gpn_bench",
             "LEASE_SECRET": secret,
             "BACKEND": "simulated",

@@ -7,6 +7,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from audit.admin import AuditedAdminMixin
+from nodes.broker_users import BrokerUserError, broker_users_forget
 from nodes.models import AgentState, Gpu, Node, NodeEvent
 from nodes.reports import gpu_return_to_service
 from nodes.services import node_rotate_credentials
@@ -30,15 +31,33 @@ class NodeAdmin(AuditedAdminMixin, admin.ModelAdmin):
     actions = ["issue_agent_credentials"]
 
     @admin.action(description="Issue new agent credentials (shown once)", permissions=["change"])
-    def issue_agent_credentials(self, request: HttpRequest, queryset: QuerySet[Node]) -> TemplateResponse:
-        configs = [
-            {"node": node.name, "text": node_rotate_credentials(node=node, actor=request.user).as_config()}
-            for node in queryset
-        ]
+    def issue_agent_credentials(self, request: HttpRequest, queryset: QuerySet[Node]) -> TemplateResponse | None:
+        configs, refused = [], []
+        for node in queryset:
+            try:
+                configs.append(
+                    {"node": node.name, "text": node_rotate_credentials(node=node, actor=request.user).as_config()}
+                )
+            except BrokerUserError as error:  # that node keeps its old credentials; the others' are shown
+                refused.append(node.name)
+                self.message_user(request, f"Node {node.name}: nothing changed: {error}", messages.ERROR)
+        if not configs:
+            return None  # back to the list, with the messages
+        if refused:
+            self.message_user(request, f"Credentials not changed for {', '.join(refused)}.", messages.WARNING)
         context = {**self.admin_site.each_context(request), "title": "Agent credentials", "configs": configs}
         response = TemplateResponse(request, "admin/nodes/agent_credentials.html", context)
         response["Cache-Control"] = "no-store"
         return response
+
+    def delete_model(self, request: HttpRequest, obj: Node) -> None:
+        super().delete_model(request, obj)
+        broker_users_forget([obj.name])  # a deleted node's broker user goes with it
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        names = list(queryset.values_list("name", flat=True))
+        super().delete_queryset(request, queryset)
+        broker_users_forget(names)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
         return super().get_queryset(request).select_related("agent_state").annotate(gpu_total=Count("gpus"))

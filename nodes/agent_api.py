@@ -7,6 +7,7 @@ access here (and agent tokens none to the rest of the API).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.utils import timezone
@@ -20,16 +21,20 @@ from rest_framework.views import APIView
 
 from accounts.services import hash_token
 from nodes.agent_serializers import (
+    AgentSnapshotSerializer,
     EventsSerializer,
     HeartbeatResponseSerializer,
     HeartbeatSerializer,
     StoredSerializer,
     TelemetrySerializer,
 )
+from nodes.leases import node_snapshot
 from nodes.models import Node
 from nodes.reports import agent_events_record, agent_heartbeat_record, telemetry_record
 from nodes.services import AGENT_TOKEN_PREFIX
 from portal.api_schema import ERRORS
+
+log = logging.getLogger(__name__)
 
 
 class NodeAgent:
@@ -145,3 +150,23 @@ class TelemetryView(AgentView):
         data = self.validated(TelemetrySerializer)
         stored, ignored = telemetry_record(node=self.node, samples=data["gpus"], now=timezone.now())
         return Response({"stored": stored, "ignored_gpus": ignored})
+
+
+class SnapshotView(AgentView):
+    @extend_schema(
+        summary="This node's signed lease snapshot (node token)",
+        description=(
+            "The pull, the safety net under the Celery push: an agent whose heartbeat replies have shown a "
+            "newer lease_version than it has seen for PULL_AFTER_SECONDS fetches its snapshot here and checks "
+            "it exactly as a pushed one. Each call issues a new version, as a push does, so the next heartbeat "
+            "reply shows the agent level. Only the calling node's own snapshot."
+        ),
+        tags=["agent"],
+        responses={200: AgentSnapshotSerializer, **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        snapshot = node_snapshot(node=self.node, now=timezone.now())
+        # A pull means a push did not arrive (lost, held back, an agent just back): worth a line for the admins.
+        log.warning("node %s pulled its lease snapshot (version %s)", self.node.name, snapshot["version"])
+        # It names people and their schedules: no cache on the way keeps a copy.
+        return Response(snapshot, headers={"Cache-Control": "no-store"})

@@ -33,7 +33,10 @@ class HeartbeatSerializer(serializers.Serializer):
 
 class HeartbeatResponseSerializer(serializers.Serializer):
     portal_time = serializers.DateTimeField()
-    lease_version = serializers.IntegerField(help_text="The newest snapshot version the portal has sent.")
+    lease_version = serializers.IntegerField(
+        help_text="The newest snapshot version the portal has issued to this node (pushed or pulled). An agent "
+        "that has seen less for PULL_AFTER_SECONDS pulls GET /api/v1/agent/snapshot/."
+    )
     ignored_gpus = serializers.ListField(child=serializers.CharField(), help_text="UUIDs not of this node.")
 
 
@@ -92,3 +95,25 @@ class TelemetrySerializer(serializers.Serializer):
 class StoredSerializer(serializers.Serializer):
     stored = serializers.IntegerField()
     ignored_gpus = serializers.ListField(child=serializers.CharField(), help_text="UUIDs not of this node.")
+
+
+class AgentLeaseSerializer(serializers.Serializer):
+    reservation = serializers.IntegerField()
+    user = serializers.CharField(help_text="The unix username on the node.")
+    gpus = serializers.ListField(child=serializers.CharField(), help_text="GPU (or MIG) UUIDs.")
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+
+
+class AgentSnapshotSerializer(serializers.Serializer):
+    """The node's whole desired state, as pushed over Celery (docs/agent.md). Output only."""
+
+    node = serializers.CharField()
+    version = serializers.IntegerField(help_text="Higher than any version issued to this node before.")
+    issued_at = serializers.DateTimeField(help_text="Agents refuse a snapshot older than MAX_SNAPSHOT_AGE_SECONDS.")
+    horizon_end = serializers.DateTimeField(help_text="Leases starting up to this moment are included.")
+    leases = AgentLeaseSerializer(many=True)
+    signature = serializers.CharField(
+        help_text="HMAC-SHA256 with the node's lease secret of the rest as canonical JSON (sorted keys, no "
+        "spaces, ASCII): 64 lowercase hex digits (nodes/agent/signing.py)."
+    )

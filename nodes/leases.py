@@ -62,7 +62,11 @@ def node_leases(*, node: Node, now: datetime) -> list[dict[str, Any]]:
 
 
 def node_snapshot(*, node: Node, now: datetime) -> dict[str, Any]:
-    """The signed snapshot for ``node``, with a version higher than any sent before."""
+    """The signed snapshot for ``node``, with a version higher than any issued before.
+
+    Built fresh for every push and every pull, so ``issued_at`` is always now (agents refuse old ones),
+    and ``Node.lease_version`` is always the newest version issued: what heartbeat replies tell the
+    agent, which pulls when it has seen less (a pull issues the version it then has, so it pulls once)."""
     with transaction.atomic():
         # At least the clock in milliseconds: after a database restore lowers the counter, the next
         # snapshot is still newer than anything the agent holds, instead of refused for weeks.

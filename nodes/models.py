@@ -43,6 +43,10 @@ class Node(models.Model):
     # reports (only a hash is kept). Both are shown once, by `manage.py register_node`.
     lease_secret = models.CharField(max_length=128, default=_new_secret, editable=False)
     agent_token_hash = models.CharField(max_length=64, blank=True, editable=False)
+    # The SHA-256 of the password of the node's own broker user (nodes/broker_users.py), in the form Redis
+    # ACLs take (`#<hex>`), so the portal can re-create the user after Redis restarts without ever
+    # keeping the password. Empty: the node's agent was given the portal's own broker URL.
+    broker_password_hash = models.CharField(max_length=64, blank=True, editable=False)
     # Every snapshot sent to the node carries a higher version; the agent refuses older ones.
     lease_version = models.PositiveBigIntegerField(default=0, editable=False)
 

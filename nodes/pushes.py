@@ -9,6 +9,7 @@ re-pushes every node each minute, so a push lost to a Redis outage is repaired s
 
 from __future__ import annotations
 
+import json
 import logging
 
 import redis
@@ -62,7 +63,12 @@ def send_snapshot(node: Node) -> int:
     queue = queue_name(node.name)
     app.send_task(
         APPLY_SNAPSHOT_TASK,
-        args=[snapshot],
+        # One JSON string, not the object: the agent parses it itself, within its own size and nesting
+        # limits (kombu would parse an object before the agent could look at it). Older agents take only
+        # the object: upgrade the agents first (docs/agent.md, "Upgrading").
+        args=[json.dumps(snapshot, separators=(",", ":"))],
+        # Straight to the key node.<name> (the anonymous exchange: routing key = queue), with no priority:
+        # the agent reads that one key and nothing else (nodes/agent/worker.py, AGENT_TRANSPORT_OPTIONS).
         queue=queue,
         routing_key=queue,
         expires=settings.LEASE_PUSH_EXPIRES_SECONDS,

@@ -11,6 +11,7 @@ from django.db import transaction
 
 from accounts.services import hash_token
 from audit.services import audit_record
+from nodes.broker_users import agent_broker_url, broker_user_delete, broker_user_set, new_password, password_hash
 from nodes.models import Node
 
 AGENT_TOKEN_PREFIX = "gpn_"  # noqa: S105 - a public marker, not a secret
@@ -21,12 +22,14 @@ class AgentCredentials:
     node: Node
     lease_secret: str
     agent_token: str
+    # With the node's own broker user and password (NODE_BROKER_USERS), else AGENT_BROKER_URL as it is.
+    broker_url: str
 
     def as_config(self) -> str:
         """What the node's agent needs, as the lines of its config file."""
         return (
             f"NODE_NAME={self.node.name}\n"
-            f"BROKER_URL={settings.CELERY_BROKER_URL}\n"
+            f"BROKER_URL={self.broker_url}\n"
             f"PORTAL_URL={settings.PORTAL_URL}\n"
             f"LEASE_SECRET={self.lease_secret}\n"
             f"AGENT_TOKEN={self.agent_token}\n"
@@ -34,7 +37,8 @@ class AgentCredentials:
 
 
 def node_register(*, name: str, hostname: str, actor: Any | None = None, description: str = "") -> AgentCredentials:
-    """Create a node and its agent's credentials (shown to the caller once)."""
+    """Create a node and its agent's credentials (shown to the caller once). Raises BrokerUserError, and
+    creates nothing, when the broker refuses to make the node's broker user."""
     node = Node(name=name, hostname=hostname, description=description)
     node.full_clean()
     with transaction.atomic():
@@ -45,16 +49,36 @@ def node_register(*, name: str, hostname: str, actor: Any | None = None, descrip
 
 
 def node_rotate_credentials(*, node: Node, actor: Any | None = None) -> AgentCredentials:
-    """New secret and token for an existing node; the old ones stop working at once."""
+    """New secret, token and broker password for an existing node; the old ones stop working at once,
+    connections to the broker already open with the old password included. Raises BrokerUserError, and
+    changes nothing, when the broker refuses."""
     with transaction.atomic():
+        # The row lock orders this against broker_users_sync, which could otherwise put back the old hash.
+        Node.objects.select_for_update().get(pk=node.pk)
         credentials = _new_credentials(node)
         audit_record(actor=actor, action="node.rotate_credentials", target=node)
     return credentials
 
 
 def _new_credentials(node: Node) -> AgentCredentials:
+    """Inside the caller's transaction: the database first, then the broker user, so a broker that refuses
+    rolls the new secret and token back too."""
     lease_secret = secrets.token_hex(32)
     agent_token = AGENT_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    broker_password = new_password() if settings.NODE_BROKER_USERS else None
+    had_broker_user = Node.objects.filter(pk=node.pk).exclude(broker_password_hash="").exists()  # as stored now
     node.lease_secret, node.agent_token_hash = lease_secret, hash_token(agent_token)
-    node.save(update_fields=["lease_secret", "agent_token_hash"])
-    return AgentCredentials(node=node, lease_secret=lease_secret, agent_token=agent_token)
+    node.broker_password_hash = password_hash(broker_password) if broker_password else ""
+    node.save(update_fields=["lease_secret", "agent_token_hash", "broker_password_hash"])
+    if broker_password:
+        broker_user_set(node_name=node.name, password_sha256=node.broker_password_hash, end_sessions=True)
+    elif had_broker_user:
+        # Per-node users switched off since the last issue: the old user must not keep working (nor would
+        # the sync remove it, as it now skips this node), so it goes, and its sessions with it.
+        broker_user_delete(node.name)
+    return AgentCredentials(
+        node=node,
+        lease_secret=lease_secret,
+        agent_token=agent_token,
+        broker_url=agent_broker_url(node_name=node.name, password=broker_password),
+    )

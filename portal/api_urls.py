@@ -3,7 +3,7 @@ from rest_framework.routers import DefaultRouter
 
 from accounting.api import DemandView, UsageReportView
 from accounts.api import ApiTokenViewSet, MeView
-from nodes.agent_api import EventsView, HeartbeatView, TelemetryView
+from nodes.agent_api import EventsView, HeartbeatView, SnapshotView, TelemetryView
 from nodes.api import FleetStatusView, GpuViewSet, NodeViewSet
 from reservations.api import AvailabilityView, ReservationViewSet
 from reservations.calendar import CalendarDataView
@@ -24,6 +24,7 @@ urlpatterns = [
     path("agent/heartbeat/", HeartbeatView.as_view(), name="agent-heartbeat"),
     path("agent/events/", EventsView.as_view(), name="agent-events"),
     path("agent/telemetry/", TelemetryView.as_view(), name="agent-telemetry"),
+    path("agent/snapshot/", SnapshotView.as_view(), name="agent-snapshot"),
     path("feeds/", include("feeds.api_urls")),
     path("", include(router.urls)),
 ]

@@ -19,6 +19,9 @@ app.autodiscover_tasks()
 app.conf.beat_schedule = {
     # Level-triggered leases: every node gets its whole state again, repairing any lost push.
     "push-all-leases": {"task": "nodes.push_all_leases", "schedule": 60.0, "options": {"expires": 55}},
+    # The nodes' broker users (Redis ACL users) again from their stored hashes, should Redis have restarted
+    # without them (nodes/broker_users.py): idempotent, and a no-op when every user is as it should be.
+    "sync-broker-users": {"task": "nodes.sync_broker_users", "schedule": 60.0, "options": {"expires": 55}},
     # Mail that is due: slots starting, ending soon, ended (each mail at most once, see
     # notifications/services.py); it catches up after downtime.
     "send-due-mail": {

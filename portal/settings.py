@@ -399,6 +399,17 @@ LEASE_PUSH_COALESCE_SECONDS = envint("LEASE_PUSH_COALESCE_MS", 200) / 1000
 LEASE_PUSH_EXPIRES_SECONDS = envint("LEASE_PUSH_EXPIRES_SECONDS", 120)
 # A node whose agent has not reported for this long is shown offline.
 AGENT_OFFLINE_AFTER_SECONDS = envint("AGENT_OFFLINE_AFTER_SECONDS", 40)
+# A broker credential per node (nodes/broker_users.py, docs/agent.md "The broker"): register_node and the
+# admin's "Issue new agent credentials" make each node a Redis ACL user that can take its own queue and
+# nothing else, through the portal's own broker connection, which must be allowed to manage ACL users.
+# false: every agent gets AGENT_BROKER_URL as it is, the portal's own credential, which opens every
+# queue to every node; only for a lab that trusts all its nodes, or a broker that is not Redis (whose
+# per-node users the operator then makes by hand, as docs/agent.md says).
+NODE_BROKER_USERS = envbool("NODE_BROKER_USERS", True)
+# The broker as the nodes reach it, when that differs from the portal's own address for it (the portal
+# on 127.0.0.1, the nodes over the network); with NODE_BROKER_USERS its user and password are replaced
+# by the node's own, and its query (rediss:// options such as ssl_ca_certs) is kept.
+AGENT_BROKER_URL = envstr("AGENT_BROKER_URL", CELERY_BROKER_URL)
 
 # Mail (notifications/, alerts): EMAIL_URL as dj-email-url reads it, e.g.
 # smtp://user:password@mail.example.org:587/?tls=True; the default prints mails on the console.

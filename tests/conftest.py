@@ -6,6 +6,7 @@ alice and bob are researchers, carol is an admin. ``clock`` freezes time on a Mo
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,6 +16,18 @@ from nodes.models import Node
 from tests.factories import UserFactory, node_with_gpus
 
 MONDAY_9 = datetime(2030, 1, 7, 9, 0, tzinfo=UTC)
+
+
+# Nodes' broker users (nodes/broker_users.py) are Redis ACL users: one set per Redis server, not per
+# database, so test runs sharing a Redis would replace each other's. Tests run in single-credential mode,
+# the portal processes they start included (their environment is this one); the tests of the broker users
+# turn it on against a redis-server of their own (tests/nodes/test_broker_users.py).
+os.environ["NODE_BROKER_USERS"] = "false"
+
+
+@pytest.fixture(autouse=True)
+def single_broker_credential(settings):
+    settings.NODE_BROKER_USERS = False
 
 
 @pytest.fixture(autouse=True)

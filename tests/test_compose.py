@@ -114,6 +114,22 @@ def test_it_refuses_to_start_without_the_database_password(tmp_path: Path) -> No
 
 
 @needs_compose
+def test_redis_requires_the_portals_password(services: dict[str, Any], tmp_path: Path) -> None:
+    # Without one, anybody reaching Redis (a node included) connects as its default user with every right,
+    # whatever the nodes' own broker users may do.
+    # redis-server as the command itself (not through sh), so the image's entrypoint drops root for it.
+    assert services["redis"]["command"] == [
+        "redis-server", "--save", "", "--appendonly", "no", "--requirepass", "replace-with-a-generated-redis-password"
+    ]  # fmt: skip
+    assert services["redis"]["environment"] == {"REDIS_PASSWORD": "replace-with-a-generated-redis-password"}
+    env_file = tmp_path / "portal.env"
+    env_file.write_text(re.sub(r"(?m)^REDIS_PASSWORD=.*\n", "", EXAMPLE_ENV.read_text()))
+    result = compose("config", "-q", env_file=env_file)
+    assert result.returncode != 0
+    assert "REDIS_PASSWORD" in result.stderr
+
+
+@needs_compose
 def test_it_refuses_to_start_without_an_env_file(tmp_path: Path) -> None:
     result = compose("config", "-q", env_file=tmp_path / "missing.env")
     assert result.returncode != 0
@@ -145,8 +161,10 @@ def test_every_process_but_postgres_and_redis_runs_the_image_built_from_the_dock
 def test_web_migrates_then_serves_what_the_procfile_serves(services: dict[str, Any]) -> None:
     shell, flag, script = services["web"]["command"]
     assert (shell, flag) == ("sh", "-c")
-    migrate, _, serve = script.partition(" && exec ")
-    assert migrate == "python manage.py migrate --noinput"
+    prepare, _, serve = script.partition(" && exec ")
+    # The nodes' broker users are made again at every start, as scripts/run does (Redis may have restarted).
+    assert prepare.split(" && ") == ["python manage.py migrate --noinput", "python manage.py sync_broker_users"]
+    assert "manage.py sync_broker_users" in (ROOT / "scripts" / "run").read_text()
     assert shlex.split(serve) == web_bound_to(procfile()["web"], "0.0.0.0")  # noqa: S104 - inside the container
     assert dockerfile_instruction("CMD") == shlex.split(serve)
 
@@ -195,7 +213,8 @@ def test_health_checks(services: dict[str, Any]) -> None:
     checks = {name: service["healthcheck"]["test"] for name, service in services.items() if "healthcheck" in service}
     assert set(checks) == {"postgres", "redis", "web", "worker"}
     assert checks["postgres"] == ["CMD-SHELL", "pg_isready -U portal -d portal"]
-    assert checks["redis"] == ["CMD", "redis-cli", "ping"]
+    # $$ again: the container's shell reads the password from its environment (never the command line).
+    assert checks["redis"] == ["CMD-SHELL", 'REDISCLI_AUTH="$$REDIS_PASSWORD" redis-cli ping | grep -q PONG']
     assert checks["web"][:3] == ["CMD", "python", "-c"]
     assert "'/accounts/login/'" in checks["web"][3]
     # $$ is Compose's escaped $ (config prints it escaped): the container's shell expands its own hostname.
@@ -239,7 +258,7 @@ def test_the_agents_get_no_portal_settings_and_run_as_root(services: dict[str, A
     for name in ("web", "worker", "beat", "demo"):
         environment = services[name]["environment"]
         assert environment["DATABASE_URL"] == "postgres://portal:replace-with-a-generated-password@postgres:5432/portal"
-        assert environment["REDIS_URL"] == "redis://redis:6379/0"
+        assert environment["REDIS_URL"] == "redis://:replace-with-a-generated-redis-password@redis:6379/0"
         assert "web" in environment["ALLOWED_HOSTS"].split(",")  # the demo agents report to http://web:8000
         assert "127.0.0.1" in environment["ALLOWED_HOSTS"].split(",")  # web's health check asks it
         assert "user" not in services[name]  # the image's unprivileged account
@@ -251,6 +270,7 @@ def test_the_example_env_holds_placeholders_not_secrets() -> None:
     )
     assert values["SECRET_KEY"].startswith("replace-with-")
     assert values["POSTGRES_PASSWORD"].startswith("replace-with-")
+    assert values["REDIS_PASSWORD"].startswith("replace-with-")
     assert {"SECRET_KEY", "DATABASE_URL", "REDIS_URL", "ALLOWED_HOSTS", "CSRF_TRUSTED_ORIGINS", "PORTAL_URL"} <= set(
         values
     )

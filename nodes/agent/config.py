@@ -45,10 +45,18 @@ class AgentConfig:
     reconcile_seconds: float = 5.0
     heartbeat_seconds: float = 10.0
     telemetry_seconds: float = 5.0
+    # How long the agent waits, after a heartbeat reply shows the portal at a newer lease version, for
+    # the push to arrive before it pulls the snapshot over HTTPS (a push normally takes milliseconds).
+    pull_after_seconds: float = 15.0
+    # A snapshot received (pushed or pulled) issued longer ago than this is refused: a replay, or one held
+    # back. The portal issues a fresh one for every push and pull, and beat re-pushes each minute.
+    max_snapshot_age_seconds: float = 600.0
     end_violations: bool = False
     protected_users: frozenset[str] = frozenset()
     ca_file: str = ""
     log_level: str = "INFO"
+    # http:// for PORTAL_URL sends the node token in clear: only for the demo or a test network.
+    allow_insecure_portal: bool = False
 
     @property
     def queue(self) -> str:
@@ -62,6 +70,8 @@ _FLOATS = {
     "RECONCILE_SECONDS": "reconcile_seconds",
     "HEARTBEAT_SECONDS": "heartbeat_seconds",
     "TELEMETRY_SECONDS": "telemetry_seconds",
+    "PULL_AFTER_SECONDS": "pull_after_seconds",
+    "MAX_SNAPSHOT_AGE_SECONDS": "max_snapshot_age_seconds",
 }
 _STRINGS = {
     "STATE_DIR": "state_dir",
@@ -70,7 +80,12 @@ _STRINGS = {
     "CA_FILE": "ca_file",
     "LOG_LEVEL": "log_level",
 }
-_KNOWN = set(_REQUIRED) | set(_FLOATS) | set(_STRINGS) | {"SIMULATED_GPUS", "END_VIOLATIONS", "PROTECTED_USERS"}
+_KNOWN = (
+    set(_REQUIRED)
+    | set(_FLOATS)
+    | set(_STRINGS)
+    | {"SIMULATED_GPUS", "END_VIOLATIONS", "PROTECTED_USERS", "ALLOW_INSECURE_PORTAL"}
+)
 
 
 def read_config_file(path: str | Path) -> dict[str, str]:
@@ -126,8 +141,15 @@ def config_from_values(values: Mapping[str, str]) -> AgentConfig:
         raise ConfigError(f"NODE_NAME {name!r} is not a valid node name (lowercase letters, digits and dashes)")
     portal = urlsplit(values["PORTAL_URL"])
     if portal.scheme.lower() not in ("https", "http") or not portal.hostname:
+        raise ConfigError(f"PORTAL_URL must start with https://: {values['PORTAL_URL']!r}")
+    insecure = bool(values.get("ALLOW_INSECURE_PORTAL")) and _boolean(
+        "ALLOW_INSECURE_PORTAL", values["ALLOW_INSECURE_PORTAL"]
+    )
+    if portal.scheme.lower() == "http" and not insecure:
         raise ConfigError(
-            f"PORTAL_URL must start with https:// (or http:// on a trusted network): {values['PORTAL_URL']!r}"
+            f"PORTAL_URL {values['PORTAL_URL']!r} is plain http: the node token would travel in clear with every "
+            "report. Use the portal's https:// address (CA_FILE for a private CA), or set ALLOW_INSECURE_PORTAL=true "
+            "for a demo or a test network"
         )
     kwargs: dict[str, object] = {
         "node_name": name,
@@ -135,6 +157,7 @@ def config_from_values(values: Mapping[str, str]) -> AgentConfig:
         "portal_url": values["PORTAL_URL"].rstrip("/"),
         "agent_token": values["AGENT_TOKEN"],
         "lease_secret": values["LEASE_SECRET"],
+        "allow_insecure_portal": insecure,
     }
     for key, attr in _STRINGS.items():
         if values.get(key):

@@ -32,8 +32,8 @@ from typing import Any
 from nodes.agent import acl, cleanup, procfs
 from nodes.agent.accounts import CACHE_SECONDS, AccountCheck
 from nodes.agent.config import AgentConfig
-from nodes.agent.snapshot import Lease, Snapshot, SnapshotRefused, parse_snapshot
-from nodes.agent.store import SnapshotStore
+from nodes.agent.snapshot import Lease, Snapshot, SnapshotRefused, check_fresh, decode_snapshot, parse_snapshot
+from nodes.agent.store import SnapshotStore, StateFileIgnored
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class Enforcer:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._snapshot: Snapshot | None = None
+        self._seen_version = 0  # the newest authentic version received, applied or refused
         self._granted: dict[str, set[str]] = {uuid: set() for uuid in self.paths}
         self._cleanups: dict[tuple[str, str], datetime] = {}  # (gpu, user) -> when to end what is left
         self._cleaning: set[tuple[str, str]] = set()  # handed to the checker, not finished yet
@@ -112,20 +113,56 @@ class Enforcer:
         snapshot = self._snapshot
         return snapshot.version if snapshot else 0
 
+    @property
+    def seen_version(self) -> int:
+        """The newest version the portal is known to have issued to this node: applied, or authentic
+        (signed with this node's secret, addressed to it) and refused. The pull compares the portal's
+        version with this one. A forgery never counts: anyone who can write to the queue could
+        otherwise claim any version, and the node would never pull again."""
+        return max(self.applied_version, self._seen_version)
+
     def offer(self, raw: Any) -> str:
-        """Accept ``raw`` if it is valid and newer than what is applied: 'applied', 'stale' or 'refused'."""
+        """Accept ``raw`` if it is valid, fresh and newer than what is applied: 'applied', 'stale' or
+        'refused'. ``raw`` is a snapshot's JSON text (a push's one argument, a pull's body), or the object
+        older portals pushed. Nothing in it can make this raise, and what is refused changes nothing."""
         try:
-            snapshot = parse_snapshot(raw, node_name=self.config.node_name, secret=self.config.lease_secret)
+            return self._offer(raw)
+        except Exception as error:  # a bug, or an input nobody thought of: still a refusal, never a crash
+            log.exception("offering a snapshot failed")
+            self._report_refusal(f"snapshot not applied: {type(error).__name__} while checking it")
+            return "refused"
+
+    def refuse(self, message: str) -> None:
+        """Report what came for the enforcer and never reached ``offer`` (a message the worker could not
+        decode, or one for another task): a refused snapshot like any other."""
+        log.warning("snapshot refused: %s", message)
+        self._report_refusal(message)
+
+    def _offer(self, raw: Any) -> str:
+        try:
+            snapshot = parse_snapshot(
+                decode_snapshot(raw), node_name=self.config.node_name, secret=self.config.lease_secret
+            )
         except SnapshotRefused as refusal:
-            log.warning("snapshot refused: %s", refusal)
-            self._report_refusal(str(refusal))
+            with self._lock:  # pushes (the Celery thread) and pulls (the reporter's) both offer
+                self._note_seen(refusal.version)
+            self.refuse(str(refusal))
             return "refused"
         with self._lock:
+            self._note_seen(snapshot.version)
             current = self.applied_version
             if snapshot.version <= current:
                 if snapshot.version < current:
-                    self._report_refusal(f"version {snapshot.version} is older than the applied version {current}")
+                    # Also what a push delayed past a pull looks like: one report a minute says enough.
+                    self._report_refusal(
+                        f"version {snapshot.version} is older than the applied version {current}", reason="older"
+                    )
                 return "stale"
+            try:
+                check_fresh(snapshot, now=self.clock(), max_age_seconds=self.config.max_snapshot_age_seconds)
+            except SnapshotRefused as refusal:
+                self.refuse(str(refusal))
+                return "refused"
             try:
                 self.store.save(snapshot.raw)
             except OSError as error:
@@ -135,41 +172,75 @@ class Enforcer:
             self._snapshot = snapshot
             self._failures_seen.clear()
             self._unknown_gpus_seen.clear()
-        self.report("snapshot_applied", version=snapshot.version, leases=len(snapshot.leases))
-        # Look every account up now, off the boundary path: a refusal is reported before its slot
-        # starts, and the boundary finds the answer cached.
-        for lease in snapshot.leases:
-            self._lease_refused(lease)
-        self._wake.set()
+        # Applied: what follows only reports, and a failure there must not read as a refusal.
+        try:
+            self.report("snapshot_applied", version=snapshot.version, leases=len(snapshot.leases))
+            # Look every account up now, off the boundary path: a refusal is reported before its slot
+            # starts, and the boundary finds the answer cached.
+            for lease in snapshot.leases:
+                self._lease_refused(lease)
+        except Exception:
+            log.exception("after applying snapshot %d", snapshot.version)
+        finally:
+            self._wake.set()
         return "applied"
 
-    def _report_refusal(self, message: str) -> None:
-        """Report a refused snapshot, at most once a minute per reason: anyone holding the broker URL
-        can send junk, and it must not flood the event buffer or the portal."""
-        last = self._refusals_reported.get(message)
+    def _note_seen(self, version: int | None) -> None:
+        if version is not None and version > self._seen_version:
+            self._seen_version = version
+
+    def _report_refusal(self, message: str, *, reason: str | None = None) -> None:
+        """Report a refused snapshot, at most once a minute per reason (``reason``, or the message itself):
+        anyone holding the broker URL can send junk, and it must not flood the event buffer or the portal."""
+        key = reason or message
+        last = self._refusals_reported.get(key)
         if last is not None and time.monotonic() - last < REFUSAL_REPORT_INTERVAL:
             return
         if len(self._refusals_reported) > 1000:
             self._refusals_reported.clear()
-        self._refusals_reported[message] = time.monotonic()
+        self._refusals_reported[key] = time.monotonic()
         self.report("snapshot_refused", message=message)
 
     def restore(self) -> None:
         """Load the stored snapshot (verified again), so enforcement resumes before any message,
         and the recent revocations, so their leftovers are still ended."""
-        self._revoked_at = self.store.load_revocations()
-        raw = self.store.load()
+        self._revoked_at = self._load_revocations()
+        try:
+            raw = self.store.load()
+        except StateFileIgnored as problem:  # a link, not the agent's own file, not JSON: not read
+            log.error("stored snapshot not used (%s); starting with no leases", problem)
+            self.report("snapshot_refused", message=f"stored snapshot: {problem}")
+            return
         if raw is None:
             return
         try:
-            self._snapshot = parse_snapshot(raw, node_name=self.config.node_name, secret=self.config.lease_secret)
+            self._snapshot = parse_snapshot(
+                decode_snapshot(raw), node_name=self.config.node_name, secret=self.config.lease_secret
+            )
         except SnapshotRefused as refusal:
-            # A rotated secret or an edited file: trust nothing, so every grant is removed.
+            # A rotated secret or an edited file: trust nothing, so every grant is removed. Not checked
+            # for freshness (check_fresh): after a long outage it is still the last word the node has.
             log.error("stored snapshot not trusted (%s); starting with no leases", refusal)
             self.report("snapshot_refused", message=f"stored snapshot: {refusal}")
             return
         for lease in self._snapshot.leases:
             self._lease_refused(lease)
+
+    def _load_revocations(self) -> dict[tuple[str, str], datetime]:
+        """The signed revocation log, less what is older than a day. A log that fails its signature, is
+        malformed or is not a plain file of the agent's own is ignored and reported (once: this runs at
+        start). Ignoring it is the safe side: an edited log could otherwise name anyone's processes for
+        ending; without it, what a holder of the last day left running is reported as a violation (and
+        ended only with END_VIOLATIONS) instead of being ended as a leftover."""
+        try:
+            revocations = self.store.load_revocations(secret=self.config.lease_secret)
+        except StateFileIgnored as problem:
+            log.error("revocation log ignored: %s", problem)
+            self.report("store_failed", message=f"revocation log ignored: {problem}")
+            self._revocations_dirty = True  # the checker replaces it with the agent's own, signed
+            return {}
+        now = self.clock()
+        return {key: at for key, at in revocations.items() if now - at <= RECENT_REVOCATION}
 
     # -- what should be ---------------------------------------------------------------------
 
@@ -401,7 +472,7 @@ class Enforcer:
         if old or self._revocations_dirty:
             self._revocations_dirty = False
             try:
-                self.store.save_revocations(dict(self._revoked_at))
+                self.store.save_revocations(dict(self._revoked_at), secret=self.config.lease_secret)
             except OSError as error:
                 log.error("cannot write the revocation log: %s", error)
 

@@ -20,7 +20,7 @@ from nodes.agent.config import ConfigError, load_config
 from nodes.agent.enforcer import Enforcer
 from nodes.agent.gpus import BackendUnavailable, open_configured_backend
 from nodes.agent.reporter import Reporter
-from nodes.agent.store import SnapshotStore
+from nodes.agent.store import SnapshotStore, UnsafeStateDir
 from nodes.agent.worker import make_app
 
 log = logging.getLogger("gpubook.agent")
@@ -49,11 +49,26 @@ def main(argv: list[str] | None = None) -> int:
     except BackendUnavailable as error:
         print(f"gpubook-agent: {error}", file=sys.stderr)
         return 2
+    store = SnapshotStore(config.state_dir)
+    try:
+        # What the agent reads at start decides whose processes it may end: only from a directory of its own.
+        store.prepare()
+    except UnsafeStateDir as error:
+        backend.close()
+        print(f"gpubook-agent: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        backend.close()
+        print(f"gpubook-agent: cannot use STATE_DIR {config.state_dir}: {error}", file=sys.stderr)
+        return 2
 
     reporter = Reporter(config)
-    enforcer = Enforcer(config=config, backend=backend, store=SnapshotStore(config.state_dir), report=reporter.event)
+    enforcer = Enforcer(config=config, backend=backend, store=store, report=reporter.event)
     reporter.heartbeat = lambda: heartbeat_body(config.backend, backend, enforcer)
     reporter.telemetry = lambda: telemetry_body(backend, enforcer)
+    # The pull: when heartbeat replies show the portal ahead of what this node has seen.
+    reporter.seen_version = lambda: enforcer.seen_version
+    reporter.offer = enforcer.offer
 
     enforcer.startup()
     enforcer.start()
@@ -65,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     # The agent must be root (ACLs on /dev, signals to any user's processes). Celery warns about that
     # for workers that unpickle; ours accepts JSON only, and the warning would only alarm admins.
     warnings.filterwarnings("ignore", category=SecurityWarning)
-    app = make_app(broker_url=config.broker_url, queue=config.queue, offer=enforcer.offer)
+    app = make_app(broker_url=config.broker_url, queue=config.queue, offer=enforcer.offer, refuse=enforcer.refuse)
     worker = app.Worker(
         pool="solo",
         concurrency=1,

@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 from nodes.agent import AGENT_VERSION, acl, procfs
 from nodes.agent.config import AgentConfig, ConfigError, config_file, load_config
 from nodes.agent.gpus import BackendUnavailable, GpuBackend, open_configured_backend
-from nodes.agent.reporter import PortalClient
-from nodes.agent.store import SnapshotStore
+from nodes.agent.reporter import PortalClient, redirect_refusal
+from nodes.agent.store import SnapshotStore, StateFileIgnored, UnsafeStateDir
 from nodes.agent.usernames import valid_username
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
@@ -140,16 +140,27 @@ def check_config(config_path: str | None, environ: dict[str, str]) -> tuple[Chec
         fix = "correct the config file (deploy/agent.conf.example lists every setting)"
         return Check("config", FAIL, f"{source} is not usable: {error}", fix=fix), None
     message = f"{source} is valid: node {config.node_name}, backend {config.backend}, portal {config.portal_url}"
+    problems: list[tuple[str, str]] = []  # (what is wrong, what to do)
     if path:
         mode = stat.S_IMODE(os.stat(path).st_mode)
         if mode & 0o044:
-            return Check(
-                "config",
-                WARN,
-                f"{message}; but the file is readable by others (mode {mode:04o}) and holds the node token and "
-                "the lease secret",
-                fix=f"chmod 600 {path}",
-            ), config
+            problems.append(
+                (
+                    f"the file is readable by others (mode {mode:04o}) and holds the node token and the lease secret",
+                    f"chmod 600 {path}",
+                )
+            )
+    if config.allow_insecure_portal:
+        if urlsplit(config.portal_url).scheme.lower() == "http":
+            problem = "ALLOW_INSECURE_PORTAL=true lets the node token and every report travel in clear (http)"
+            fix = "serve the portal over https, set PORTAL_URL=https://..., and remove ALLOW_INSECURE_PORTAL"
+        else:
+            problem = "ALLOW_INSECURE_PORTAL=true is set but unused (PORTAL_URL is https): an http URL would pass"
+            fix = "remove ALLOW_INSECURE_PORTAL"
+        problems.append((problem, fix))
+    if problems:
+        said = "; ".join(problem for problem, _ in problems)
+        return Check("config", WARN, f"{message}; but {said}", fix="; ".join(fix for _, fix in problems)), config
     return Check("config", OK, message), config
 
 
@@ -355,6 +366,12 @@ def check_state_dir(state_dir: str) -> Check:
     if not directory.is_dir():
         return Check("state", FAIL, f"STATE_DIR {state_dir} is not a directory", fix="correct STATE_DIR")
     try:
+        SnapshotStore(directory).prepare()  # exists: only checks it is the agent's own
+    except UnsafeStateDir as error:
+        return Check("state", FAIL, error.problem, fix=error.fix)
+    except OSError as error:
+        return Check("state", FAIL, f"STATE_DIR {state_dir} cannot be opened ({error.strerror})", fix="run as root")
+    try:
         fd, path = tempfile.mkstemp(prefix=".gpubook-check-", dir=directory)
     except OSError as error:
         return Check(
@@ -365,12 +382,15 @@ def check_state_dir(state_dir: str) -> Check:
         )
     os.close(fd)
     os.unlink(path)
-    return Check("state", OK, f"STATE_DIR {state_dir} is writable")
+    return Check("state", OK, f"STATE_DIR {state_dir} is the agent's own (not writable by others) and writable")
 
 
 def heartbeat_body(config: AgentConfig, backend: GpuBackend | None) -> dict[str, Any]:
     """A true heartbeat from what is on disk: a running agent's next one will say the same."""
-    stored = SnapshotStore(config.state_dir).load()
+    try:
+        stored = SnapshotStore(config.state_dir).load()
+    except StateFileIgnored:  # the agent will not use it either
+        stored = None
     try:
         version = int(stored["version"]) if stored is not None else 0
     except (ValueError, KeyError, TypeError):
@@ -403,7 +423,7 @@ def check_portal(config: AgentConfig, body: dict[str, Any]) -> tuple[Check, Port
     url = request.full_url
     sent = time.time()
     try:
-        with urllib.request.urlopen(request, timeout=client.timeout, context=client.context) as response:  # noqa: S310
+        with client.open(request) as response:  # never follows a redirect: the token goes only to PORTAL_URL
             raw, headers = response.read(), response.headers
     except urllib.error.HTTPError as error:
         return _http_failure(error, url), None
@@ -477,6 +497,14 @@ def check_broker(broker_url: str) -> Check:
 
 
 def _http_failure(error: urllib.error.HTTPError, url: str) -> Check:
+    if 300 <= error.code < 400:
+        return Check(
+            "portal",
+            FAIL,
+            f"{url} answered with a {redirect_refusal(error)}",
+            fix="set PORTAL_URL to the address the portal answers at (https://host, nothing after it); "
+            "a redirect from http:// means the portal is served over https",
+        )
     detail = _detail(error)
     said = f"HTTP {error.code}" + (f": {detail}" if detail else "")
     if error.code in (401, 403):

@@ -9,9 +9,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from typing import Any
 
 SIGNATURE_FIELD = "signature"
+# What ``sign`` writes: a SHA-256 hexdigest. Anything else is refused before it is compared: compare_digest
+# raises TypeError on a str with non-ASCII characters, and that must be a refusal like any other.
+SIGNATURE_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 
 
 def canonical_bytes(snapshot: dict[str, Any]) -> bytes:
@@ -31,6 +35,6 @@ def signed(snapshot: dict[str, Any], secret: str) -> dict[str, Any]:
 def verify(snapshot: dict[str, Any], secret: str) -> bool:
     """True only if the snapshot carries a signature that matches its content and this secret."""
     given = snapshot.get(SIGNATURE_FIELD)
-    if not isinstance(given, str) or not secret:
+    if not isinstance(given, str) or not SIGNATURE_RE.match(given) or not secret:
         return False
     return hmac.compare_digest(given, sign(snapshot, secret))

@@ -67,7 +67,7 @@ def test_the_schema_and_docs_are_served(client, alice):
     schema = client.get("/api/schema/")
     assert schema.status_code == 200
     text = schema.content.decode()
-    for path in ["/api/v1/reservations/{id}/extend/", "/api/v1/gpus/", "/api/v1/me/"]:
+    for path in ["/api/v1/reservations/{id}/extend/", "/api/v1/gpus/", "/api/v1/me/", "/api/v1/agent/snapshot/"]:
         assert path in text
     assert "'409':" in text
     docs = client.get("/api/docs/")

@@ -27,6 +27,7 @@ def test_configs_are_written_with_working_credentials_and_kept_while_they_match(
     assert (config.backend, config.simulated_gpus, config.node_name) == ("simulated", 4, "gpu-a100")
     assert hash_token(config.agent_token) == node.agent_token_hash and config.lease_secret == node.lease_secret
     assert config.device_dir.startswith(str(tmp_path))  # stand-in device files, never /dev
+    assert config.portal_url == "http://127.0.0.1:8000" and config.allow_insecure_portal  # the demo's http portal
 
     assert "(kept)" in run(tmp_path)
     assert load_config(path, environ={}) == config
@@ -35,3 +36,13 @@ def test_configs_are_written_with_working_credentials_and_kept_while_they_match(
     assert "(kept)" not in run(tmp_path)
     node.refresh_from_db()
     assert hash_token(load_config(path, environ={}).agent_token) == node.agent_token_hash
+
+
+def test_a_kept_config_the_agent_would_refuse_is_written_again(node, tmp_path):
+    """An older demo's config: http, without ALLOW_INSECURE_PORTAL (the agents refuse that now)."""
+    run(tmp_path)
+    path = tmp_path / "gpu-a100.conf"
+    path.write_text(path.read_text().replace("ALLOW_INSECURE_PORTAL=true\n", ""))
+
+    assert "(kept)" not in run(tmp_path)
+    assert load_config(path, environ={}).allow_insecure_portal

@@ -103,6 +103,14 @@ def test_rotating_replaces_both_credentials(db):
     assert node.agent_token_hash == hash_token(second["AGENT_TOKEN"])
 
 
+@pytest.mark.parametrize(("portal_url", "warned"), [("http://portal.lab", True), ("https://portal.lab", False)])
+def test_registering_warns_when_the_agent_would_refuse_the_portals_url(db, settings, portal_url, warned):
+    settings.PORTAL_URL = portal_url
+    err = StringIO()
+    call_command("register_node", "gpu-h100", stdout=StringIO(), stderr=err)
+    assert ("ALLOW_INSECURE_PORTAL=true" in err.getvalue()) is warned
+
+
 @pytest.mark.parametrize("name", ["Bad Name", "node;rm", "_x", "a" * 64])
 def test_a_bad_node_name_is_refused(db, name):
     with pytest.raises(CommandError, match="name: Use 1 to 63"):

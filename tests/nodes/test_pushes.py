@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.db import transaction
 from django.test import override_settings
@@ -49,7 +51,9 @@ def test_a_burst_of_changes_makes_one_push_of_the_whole_state_after_commit(
     push_node_leases(agent_node.pk)  # what the portal's worker does with it
 
     (sent,) = messages("node.gpu-a100")
-    snapshot = sent["args"][0]
+    (text,) = sent["args"]
+    assert isinstance(text, str)  # one JSON string: the agent parses it within its own limits
+    snapshot = json.loads(text)
     agent_node.refresh_from_db()
     assert sent["task"] == APPLY_SNAPSHOT_TASK and sent["expires"]
     assert verify(snapshot, agent_node.lease_secret)

@@ -2,7 +2,8 @@
 
 ``AgentRun`` writes a config, starts ``python -m nodes.agent.main`` and sends it signed snapshots
 over Celery exactly as the portal does. ``RecordingPortal`` is a small HTTP server that stands in
-for the portal's agent endpoints and keeps what the agent reported, so tests can read events.
+for the portal's agent endpoints and keeps what the agent reported, so tests can read events; with
+``tls=True`` it answers HTTPS with a certificate of ``local_ca()``, a throwaway CA (``CA_FILE``).
 """
 
 # Tests run fixed argument lists (never a shell).
@@ -10,12 +11,15 @@ for the portal's agent endpoints and keeps what the agent reported, so tests can
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
 import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -27,7 +31,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import trustme
 from celery import Celery
+from kombu.utils.uuid import uuid
 
 from nodes.agent.gpus.simulated import simulated_uuid
 from nodes.agent.signing import signed
@@ -85,10 +91,37 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
+class LocalCA:
+    """A certificate authority made for this test session, and a certificate it issued for 127.0.0.1."""
+
+    def __init__(self) -> None:
+        self.ca = trustme.CA(organization_name="gpubook tests")
+        self.certificate = self.ca.issue_cert("127.0.0.1", "localhost")
+        handle, self.ca_file = tempfile.mkstemp(prefix="gpbt-ca-", suffix=".pem", dir="/tmp")
+        os.close(handle)
+        self.ca.cert_pem.write_to_path(self.ca_file)
+        atexit.register(os.unlink, self.ca_file)
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.certificate.configure_cert(context)
+        return context
+
+    def serve_tls(self, server: ThreadingHTTPServer) -> str:
+        """Make ``server`` answer HTTPS only; its https:// URL."""
+        server.socket = self.server_context().wrap_socket(server.socket, server_side=True)
+        return f"https://127.0.0.1:{server.server_address[1]}"
+
+
+@functools.cache
+def local_ca() -> LocalCA:
+    return LocalCA()
+
+
 class RecordingPortal:
     """Answers the agent's POSTs with 200 and keeps their bodies, per endpoint."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tls: bool = False) -> None:
         self.received: dict[str, list[dict[str, Any]]] = {"heartbeat": [], "events": [], "telemetry": []}
         received = self.received
 
@@ -107,11 +140,76 @@ class RecordingPortal:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls:
+            self.url = local_ca().serve_tls(self.server)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         found = [event for body in list(self.received["events"]) for event in body["events"]]
         return [event for event in found if kind is None or event["kind"] == kind]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class HeaderRecorder:
+    """Keeps every request's method, path and headers (whatever the method) and answers 200 ``{}``: the
+    "elsewhere" a redirect points to, where the node token must never arrive."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        requests = self.requests
+
+        class Handler(BaseHTTPRequestHandler):
+            def _record(self) -> None:
+                requests.append((self.command, self.path, dict(self.headers.items())))
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            do_GET = do_POST = do_PUT = _record
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Redirector:
+    """Answers every request with a redirect (``status``, 302 by default) to ``location``, and counts them."""
+
+    def __init__(self, location: str, *, status: int = 302, tls: bool = False) -> None:
+        self.location, self.status, self.answered = location, status, 0
+        redirector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _redirect(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                redirector.answered += 1
+                self.send_response(redirector.status)
+                self.send_header("Location", redirector.location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = _redirect
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls:
+            self.url = local_ca().serve_tls(self.server)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -177,6 +275,8 @@ class AgentRun:
             "RECONCILE_SECONDS": 1,
             "HEARTBEAT_SECONDS": 1,
             "TELEMETRY_SECONDS": 1,
+            # The tests' portals answer on http://127.0.0.1 (unless they are given tls=True).
+            "ALLOW_INSECURE_PORTAL": "true" if portal_url.startswith("http://") else "",
             **{key.upper(): value for key, value in settings.items()},
         }
         self.config_path.write_text("".join(f"{key}={value}\n" for key, value in lines.items()))
@@ -228,23 +328,54 @@ class AgentRun:
 
     # -- what the portal does --------------------------------------------------------------------
 
-    def snapshot(self, leases: list[dict[str, Any]], *, version: int | None = None, secret: str | None = None) -> dict:
+    def snapshot(
+        self,
+        leases: list[dict[str, Any]],
+        *,
+        version: int | None = None,
+        secret: str | None = None,
+        issued_at: datetime | None = None,
+    ) -> dict:
         if version is None:
             self.version += 1
             version = self.version
         body = {
             "node": self.node_name,
             "version": version,
-            "issued_at": now().isoformat(),
+            "issued_at": (issued_at or now()).isoformat(),
             "horizon_end": (now() + timedelta(hours=24)).isoformat(),
             "leases": leases,
         }
         return signed(body, secret or self.secret)
 
-    def send(self, snapshot: Any, *, broker_url: str | None = None) -> None:
+    def send(self, snapshot: Any, *, broker_url: str | None = None, as_object: bool = False) -> None:
+        """Push as the portal does: the snapshot as one JSON string (a string is sent as it is). With
+        ``as_object``, as older portals did: the object itself inside the message."""
+        if not as_object and not isinstance(snapshot, str):
+            snapshot = json.dumps(snapshot)
         app = Celery("portal-in-test", broker=broker_url or self.broker_url, set_as_current=False)
         try:
             app.send_task(APPLY_SNAPSHOT_TASK, args=[snapshot], queue=self.queue, routing_key=self.queue, expires=120)
+        finally:
+            app.close()
+
+    def send_raw(self, body: str | bytes, *, content_type: str = "application/json") -> None:
+        """A message for the agent's task whose body is ``body`` as it is, not what a Celery client would
+        make of it: what anyone holding the broker URL can put on the queue (kombu decodes the body
+        before the task runs)."""
+        app = Celery("portal-in-test", broker=self.broker_url, set_as_current=False)
+        try:
+            task = app.amqp.as_task_v2(uuid(), APPLY_SNAPSHOT_TASK, args=[None])
+            with app.connection_for_write() as connection:
+                connection.Producer().publish(
+                    body,
+                    exchange="",
+                    routing_key=self.queue,
+                    headers=task.headers,
+                    content_type=content_type,
+                    content_encoding="utf-8" if isinstance(body, str) else "binary",
+                    retry=False,
+                )
         finally:
             app.close()
 

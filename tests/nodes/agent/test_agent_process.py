@@ -4,6 +4,8 @@ on stand-in device files, real processes of real (throwaway) users. Only the GPU
 
 from __future__ import annotations
 
+import json
+import pickle
 import subprocess
 import time
 from collections.abc import Iterator
@@ -132,6 +134,87 @@ def test_a_forged_or_stale_snapshot_is_refused_and_changes_nothing(make_agent, u
     assert agent.stored_snapshot() == stored
     assert acl_users(agent.device(0)) == {alice.name}
     assert acl_users(agent.device(1)) == set()
+
+
+# Each malformed case, and what the refusal the agent reports says.
+MALFORMED = {
+    "non-hex signature": "bad or missing signature",
+    "non-ASCII signature": "bad or missing signature",
+    "10,000-deep nesting": "nested deeper than",
+    "10,000-deep nesting of the message itself": "cannot be decoded",
+    "50 MB body": "larger than",
+    "a message that is not JSON": "cannot be decoded",
+    "a pickled message": "an invalid message",
+    "two arguments": "one snapshot argument",
+    "issued 30 days ago": "MAX_SNAPSHOT_AGE_SECONDS",
+    "issued 3 minutes ahead": "ahead of this node's clock",
+}
+
+
+def send_malformed(agent: AgentRun, case: str, evil: list[dict]) -> None:
+    """Put ``case`` on the agent's queue, as a holder of the broker URL could; believed, it would give ``evil``."""
+    good = agent.snapshot(evil, version=99)
+    text = json.dumps(good)
+    if case == "non-hex signature":
+        agent.send({**good, "signature": "z" * 64})
+    elif case == "non-ASCII signature":
+        agent.send({**good, "signature": "é" * 64})
+    elif case == "10,000-deep nesting":
+        agent.send(text[:-1] + ',"x":' + "[" * 10_000 + "]" * 10_000 + "}")
+    elif case == "10,000-deep nesting of the message itself":  # kombu's own parser would recurse
+        agent.send_raw("[[" + "[" * 10_000 + "]" * 10_000 + "], {}, {}]")
+    elif case == "50 MB body":
+        agent.send(text[:-1] + ',"pad":"' + "x" * 50 * 1024 * 1024 + '"}')
+    elif case == "a message that is not JSON":
+        agent.send_raw("this is not json {")
+    elif case == "a pickled message":
+        agent.send_raw(pickle.dumps(([good], {}, {})), content_type="application/x-python-serialize")
+    elif case == "two arguments":
+        agent.send_raw(json.dumps([[text, text], {}, {}]))
+    elif case == "issued 30 days ago":
+        agent.send(agent.snapshot(evil, version=99, issued_at=now() - timedelta(days=30)))
+    elif case == "issued 3 minutes ahead":
+        agent.send(agent.snapshot(evil, version=99, issued_at=now() + timedelta(minutes=3)))
+    else:
+        raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_malformed_input_is_refused_reported_and_changes_nothing(make_agent, unix_users, portal, case):
+    """Through Celery, as it arrives: the agent reports each refusal (Celery alone would only log what
+    it cannot decode), keeps its snapshot and ACLs, and carries on."""
+    agent = make_agent()
+    alice, _, mallory = unix_users
+    agent.send(agent.snapshot([lease(1, alice.name, [agent.uuid(0)], now(), now() + timedelta(hours=1))]))
+    assert wait_for(lambda: alice.name in acl_users(agent.device(0)), timeout=10)
+    stored = agent.stored_snapshot()
+
+    send_malformed(
+        agent, case, [lease(9, mallory.name, [agent.uuid(0), agent.uuid(1)], now(), now() + timedelta(hours=9))]
+    )
+
+    assert wait_for(lambda: portal.events("snapshot_refused"), timeout=15), "\n".join(agent.log[-20:])
+    (refusal,) = portal.events("snapshot_refused")
+    assert MALFORMED[case] in refusal["message"]
+    assert agent.stored_snapshot() == stored
+    assert acl_users(agent.device(0)) == {alice.name}
+    assert acl_users(agent.device(1)) == set()
+    assert {event["user"] for event in portal.events("granted")} == {alice.name}
+    assert portal.events("revoked") == [] and portal.events("ended") == []
+    # ...and the agent goes on taking good snapshots.
+    agent.send(agent.snapshot([]))
+    assert wait_for(lambda: alice.name not in acl_users(agent.device(0)), timeout=10)
+
+
+def test_the_object_form_older_portals_push_is_still_applied(make_agent, unix_users, portal):
+    agent = make_agent()
+    alice = unix_users[0]
+    snapshot = agent.snapshot([lease(1, alice.name, [agent.uuid(0)], now(), now() + timedelta(hours=1))])
+
+    agent.send(snapshot, as_object=True)
+
+    assert wait_for(lambda: alice.name in acl_users(agent.device(0)), timeout=10)
+    assert portal.events("snapshot_refused") == []
 
 
 def test_after_the_grace_period_the_holders_processes_end_and_nobody_elses(make_agent, unix_users, portal, spawn):

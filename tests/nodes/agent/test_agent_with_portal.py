@@ -6,15 +6,21 @@ broker, the real agent opens or closes the GPU, and its reports land in the port
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import pwd
 import secrets
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import pytest
+import redis
 from celery.contrib.testing.worker import start_worker
 from django.conf import settings
 from django.db import connection
@@ -29,7 +35,7 @@ from nodes.pushes import request_push
 from nodes.services import node_register
 from portal.celery import app
 from reservations.models import Allocation, Reservation
-from reservations.services import reservation_release
+from reservations.services import reservation_cancel, reservation_release
 from tests.factories import UserFactory
 from tests.nodes.agent.harness import AgentRun, acl_users, wait_for
 from tests.nodes.queues import purge
@@ -41,6 +47,10 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="needs PostgreSQL"),
     pytest.mark.django_db(transaction=True),
 ]
+
+
+HEARTBEAT = 1.0  # the agent's HEARTBEAT_SECONDS in these tests (tests/nodes/agent/harness.py)
+PULL_AFTER = 3.0  # its PULL_AFTER_SECONDS
 
 
 @dataclass
@@ -82,6 +92,7 @@ def lab(live_server) -> Iterator[Lab]:
         secret=credentials.lease_secret,
         token=credentials.agent_token,
         gpus=3,
+        pull_after_seconds=PULL_AFTER,
     )
     try:
         agent.start()
@@ -171,3 +182,75 @@ def test_the_node_refuses_system_accounts_and_the_portal_alerts_naming_them(lab,
     assert acl_users(lab.agent.device(2)) == {person.name}
     refusal = NodeEvent.objects.get(node=lab.node, kind="lease_refused", user="www-data")
     assert "system account on this node" in refusal.message
+
+
+class QueueThief:
+    """Someone holding the broker URL who takes the node's next snapshot off its queue before the agent
+    can: what one node's credentials could do to another's pushes (issue 15). Redis hands a pushed
+    element to the client that has been blocked in BRPOP the longest; the agent's consumer re-issues its
+    BRPOP every second, so once its current wait began after the thief's, the thief is served first."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.redis = redis.Redis.from_url(settings.CELERY_BROKER_URL, single_connection_client=True)
+        self.watcher = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+        self.id = self.redis.client_id()
+        self.taken: Any = None
+        self.thread = threading.Thread(target=self._take, daemon=True)
+
+    def _take(self) -> None:
+        self.taken = self.redis.brpop([self.queue], timeout=60)
+
+    def lie_in_wait(self) -> None:
+        """Start waiting, and return once every other waiting consumer of this database began its wait
+        after the thief (CLIENT LIST: a smaller idle time, counted in whole seconds)."""
+        self.thread.start()
+
+        def first_in_line() -> bool:
+            waiting = [c for c in self.watcher.client_list() if c["cmd"] == "brpop" and "b" in c["flags"]]
+            mine = [c for c in waiting if int(c["id"]) == self.id]
+            if not mine:
+                return False
+            others = [c for c in waiting if int(c["id"]) != self.id and c["db"] == mine[0]["db"]]
+            return all(int(c["idle"]) < int(mine[0]["idle"]) for c in others)
+
+        assert wait_for(first_in_line, timeout=15, interval=0.1), "the thief never got to the front"
+
+    def snapshot(self) -> dict:
+        """The snapshot in the message it took (the portal pushes it as one JSON string)."""
+        self.thread.join(timeout=30)
+        assert self.taken is not None, "the thief took nothing: the push reached the agent"
+        message = json.loads(self.taken[1])
+        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        return json.loads(args[0])
+
+    def close(self) -> None:
+        self.redis.close()
+        self.watcher.close()
+
+
+def test_a_cancellation_whose_push_is_taken_off_the_queue_still_closes_the_gpu_through_the_pull(lab, unix_users, carol):
+    """No beat runs here, so nothing re-pushes: only the pull can bring the cancellation to the node."""
+    person = unix_users[0]
+    user = UserFactory(username="dana", unix_username=person.name)
+    booking = lab.running_booking(user, 1)
+    assert wait_for(lambda: person.name in acl_users(lab.agent.device(1)), timeout=15), "\n".join(lab.agent.log)
+    thief = QueueThief(lab.agent.queue)
+    try:
+        thief.lie_in_wait()
+        cancelled = time.monotonic()
+
+        reservation_cancel(reservation=booking, actor=carol, reason="hardware fault")  # pushes after commit
+
+        lost = thief.snapshot()
+    finally:
+        thief.close()
+    assert lost["leases"] == []  # that push carried the cancellation, and it is gone
+    revoked = wait_for(
+        lambda: person.name not in acl_users(lab.agent.device(1)), timeout=HEARTBEAT + PULL_AFTER + 5, interval=0.05
+    )
+    assert revoked is not None, "\n".join(lab.agent.log[-30:])
+    assert revoked - cancelled <= HEARTBEAT + PULL_AFTER + 5
+    # Closed by a snapshot newer than the stolen one: the pull's (nothing else was pushed).
+    assert lab.agent.stored_snapshot()["version"] > lost["version"]
+    assert any("pulling the snapshot" in line for line in lab.agent.log)

@@ -159,8 +159,46 @@ def test_the_portal_url_must_be_http_or_https(url):
         config_from_values({**REQUIRED, "PORTAL_URL": url})
 
 
-def test_plain_http_is_allowed_for_a_trusted_network():
-    assert config_from_values({**REQUIRED, "PORTAL_URL": "http://10.0.0.1:8000/"}).portal_url == "http://10.0.0.1:8000"
+@pytest.mark.parametrize("url", ["http://10.0.0.1:8000/", "HTTP://portal.example.org", "http://127.0.0.1:8000"])
+@pytest.mark.parametrize("flag", [None, "", "false", "0", "no"])
+def test_plain_http_is_refused_without_allow_insecure_portal(url, flag):
+    values = {**REQUIRED, "PORTAL_URL": url} | ({} if flag is None else {"ALLOW_INSECURE_PORTAL": flag})
+
+    with pytest.raises(ConfigError) as refused:
+        config_from_values(values)
+
+    message = str(refused.value)
+    assert message.startswith(f"PORTAL_URL {url!r} is plain http: the node token would travel in clear")
+    assert "Use the portal's https:// address" in message
+    assert "set ALLOW_INSECURE_PORTAL=true for a demo or a test network" in message
+
+
+@pytest.mark.parametrize("flag", ["true", "1", "yes", "ON"])
+def test_plain_http_is_accepted_with_allow_insecure_portal(flag):
+    config = config_from_values({**REQUIRED, "PORTAL_URL": "http://10.0.0.1:8000/", "ALLOW_INSECURE_PORTAL": flag})
+
+    assert config.portal_url == "http://10.0.0.1:8000"
+    assert config.allow_insecure_portal is True
+
+
+def test_https_needs_no_flag_and_the_flag_defaults_to_false():
+    config = config_from_values(REQUIRED)
+
+    assert config.portal_url == "https://portal.example.org"
+    assert config.allow_insecure_portal is False
+
+
+def test_allow_insecure_portal_may_come_from_the_environment(tmp_path):
+    path = config_file(tmp_path, PORTAL_URL="http://portal.lab:8000")
+
+    with pytest.raises(ConfigError, match="is plain http"):
+        load_config(path, environ={})
+    assert load_config(path, environ={"GPUBOOK_ALLOW_INSECURE_PORTAL": "true"}).allow_insecure_portal is True
+
+
+def test_a_bad_allow_insecure_portal_is_refused():
+    with pytest.raises(ConfigError, match="ALLOW_INSECURE_PORTAL must be true or false, not 'sometimes'"):
+        config_from_values({**REQUIRED, "PORTAL_URL": "http://portal.lab", "ALLOW_INSECURE_PORTAL": "sometimes"})
 
 
 def test_numbers_are_parsed():

@@ -10,6 +10,7 @@ and read with setfacl/getfacl), so the tests that change them need root and the 
 
 from __future__ import annotations
 
+import json
 import pwd
 import secrets
 import shutil
@@ -72,8 +73,17 @@ class Node:
     def device(self, index: int) -> str:
         return self.enforcer.paths[self.gpus[index]]
 
-    def snapshot(self, leases: list[dict[str, Any]], *, version: int = 1, secret: str | None = None) -> dict:
-        body = {"node": self.config.node_name, "version": version, "issued_at": T0.isoformat(), "leases": leases}
+    def snapshot(
+        self,
+        leases: list[dict[str, Any]],
+        *,
+        version: int = 1,
+        secret: str | None = None,
+        issued_at: datetime | None = None,
+    ) -> dict:
+        """Signed as the portal signs, issued now by the test's clock unless ``issued_at`` says otherwise."""
+        issued = issued_at or self.clock.now
+        body = {"node": self.config.node_name, "version": version, "issued_at": issued.isoformat(), "leases": leases}
         return signed(body, secret or self.config.lease_secret)
 
     def kinds(self) -> list[str]:
@@ -90,7 +100,7 @@ def node() -> Iterator[Node]:
             {
                 "NODE_NAME": f"test-{secrets.token_hex(4)}",
                 "BROKER_URL": "redis://127.0.0.1:1/0",
-                "PORTAL_URL": "http://127.0.0.1:1",
+                "PORTAL_URL": "https://127.0.0.1:1",  # never contacted here
                 "AGENT_TOKEN": "gpn_test",
                 "LEASE_SECRET": secrets.token_hex(32),
                 "STATE_DIR": str(home / "state"),
@@ -151,6 +161,9 @@ def test_an_older_version_is_stale_and_reported(node):
     assert node.events == [("snapshot_refused", {"message": "version 4 is older than the applied version 5"})]
     assert node.enforcer.applied_version == 5
     assert node.store.load() == newer
+    # Late pushes after a pull arrive older by the dozen: one report a minute, whatever their versions.
+    assert node.enforcer.offer(node.snapshot([], version=3)) == "stale"
+    assert len(node.events) == 1
 
 
 def test_a_snapshot_signed_with_another_secret_is_refused_and_not_stored(node):
@@ -474,3 +487,126 @@ def test_a_flood_of_junk_messages_is_reported_once_a_minute_not_once_each(node):
         assert node.enforcer.offer({"node": "junk"}) == "refused"
 
     assert node.kinds() == ["snapshot_refused"]
+
+
+# -- malformed input: always a reported refusal, never an exception, never a change ----------------
+
+MALFORMED = [
+    "non-hex signature",
+    "non-ASCII signature",
+    "10,000-deep nesting",
+    "10,000-deep nesting, as an object",
+    "50 MB body",
+    "issued 30 days ago",
+    "issued 11 minutes ago",
+    "issued 3 minutes ahead",
+]
+
+
+def malformed(node: Node, case: str, leases: list[dict[str, Any]]) -> Any:
+    """A hostile snapshot, version 9, that would give ``leases`` if it were believed."""
+    now = node.clock.now
+    deep: list[Any] = []
+    for _ in range(10_000):
+        deep = [deep]
+    return {
+        "non-hex signature": lambda: {**node.snapshot(leases, version=9), "signature": "z" * 64},
+        "non-ASCII signature": lambda: {**node.snapshot(leases, version=9), "signature": "é" * 64},
+        "10,000-deep nesting": lambda: (
+            json.dumps(node.snapshot(leases, version=9))[:-1] + ',"x":' + "[" * 10_000 + "]" * 10_000 + "}"
+        ),
+        "10,000-deep nesting, as an object": lambda: {**node.snapshot(leases, version=9), "x": deep},
+        "50 MB body": lambda: json.dumps(node.snapshot([*leases, {"pad": "x" * 50 * 1024 * 1024}], version=9)),
+        "issued 30 days ago": lambda: node.snapshot(leases, version=9, issued_at=now - timedelta(days=30)),
+        "issued 11 minutes ago": lambda: node.snapshot(leases, version=9, issued_at=now - timedelta(minutes=11)),
+        "issued 3 minutes ahead": lambda: node.snapshot(leases, version=9, issued_at=now + timedelta(minutes=3)),
+    }[case]()
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_malformed_input_is_a_reported_refusal_and_changes_nothing(node, unix_users, case):
+    a, mallory = unix_users[0].name, unix_users[2].name
+    g0, g1 = node.gpus
+    assert node.enforcer.offer(node.snapshot([lease(1, a, [g0], T0, T2)], version=5)) == "applied"
+    node.enforcer.converge(T0)
+    stored = node.store.load()
+    node.events.clear()
+
+    assert node.enforcer.offer(malformed(node, case, [lease(9, mallory, [g0, g1], T0, T2)])) == "refused"
+    node.enforcer.reconcile(T0)
+    node.enforcer.converge(T1)
+
+    assert node.kinds() == ["snapshot_refused"]  # nothing granted, nothing revoked or ended
+    assert node.enforcer.applied_version == 5
+    assert node.store.load() == stored
+    assert acl_users(node.device(0)) == {a}
+    assert acl_users(node.device(1)) == set()
+
+
+def test_an_input_that_trips_the_checks_themselves_is_a_refusal_not_an_exception(node):
+    """Keys that JSON never has but an object can: signing it (json.dumps with sorted keys) raises
+    TypeError. Whatever a check trips over is a reported refusal, as a hostile message must be."""
+    hostile = {**node.snapshot([], version=2), 7: "not a string key"}
+
+    assert node.enforcer.offer(hostile) == "refused"
+
+    assert node.events == [("snapshot_refused", {"message": "snapshot not applied: TypeError while checking it"})]
+    assert node.enforcer.applied_version == 0
+
+
+def test_a_snapshot_as_json_text_is_applied_like_the_object_older_portals_send(node):
+    as_text = json.dumps(node.snapshot([lease(1, "alice", [node.gpus[0]], T0, T1)], version=1))
+
+    assert node.enforcer.offer(as_text) == "applied"
+    assert node.enforcer.offer(node.snapshot([], version=2)) == "applied"
+    assert node.enforcer.applied_version == 2
+
+
+def test_a_snapshot_exactly_max_age_old_is_applied(node):
+    issued = node.clock.now - timedelta(seconds=node.config.max_snapshot_age_seconds)
+
+    assert node.enforcer.offer(node.snapshot([], version=1, issued_at=issued)) == "applied"
+
+
+def test_the_stored_snapshot_is_enforced_however_old_it_is(node, unix_users):
+    """At start the stored snapshot is the last word the node has: a long outage must not drop it."""
+    a = unix_users[0].name
+    node.store.save(node.snapshot([lease(1, a, [node.gpus[0]], T0, T0 + timedelta(days=40))], version=3))
+    node.clock.now = T0 + timedelta(days=30)
+
+    node.enforcer.startup()
+
+    assert node.enforcer.applied_version == 3
+    assert acl_users(node.device(0)) == {a}
+
+
+# -- the version seen, for the pull --------------------------------------------------------------
+
+
+def test_the_version_seen_counts_applied_and_authentic_refused_snapshots(node):
+    node.enforcer.offer(node.snapshot([], version=3))
+    assert node.enforcer.seen_version == 3
+
+    old = node.snapshot([], version=7, issued_at=node.clock.now - timedelta(hours=1))
+    assert node.enforcer.offer(old) == "refused"
+    assert node.enforcer.seen_version == 7  # the portal did issue 7: no pull for it
+    assert node.enforcer.applied_version == 3
+
+    bad_lease = node.snapshot([lease(8, "../x", [node.gpus[0]], T0, T1)], version=8)
+    assert node.enforcer.offer(bad_lease) == "refused"
+    assert node.enforcer.seen_version == 8
+
+
+def test_a_forged_version_never_counts_as_seen(node):
+    """Anyone who can write to the queue could otherwise silence the pull with a huge version."""
+    node.enforcer.offer(node.snapshot([], version=3))
+
+    for forged in (
+        node.snapshot([], version=10**15, secret="not the node's secret"),
+        {**node.snapshot([], version=10**15), "signature": "é" * 64},
+        {**node.snapshot([], version=10**15), "node": "another-node"},
+        json.dumps(node.snapshot([], version=10**15)) + "junk",
+    ):
+        assert node.enforcer.offer(forged) == "refused"
+
+    assert node.enforcer.seen_version == 3

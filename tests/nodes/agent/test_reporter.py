@@ -84,6 +84,7 @@ def make_config(portal_url: str, seconds: float = 0.05) -> Any:
             "NODE_NAME": "gpu-a100",
             "BROKER_URL": "redis://127.0.0.1:1/0",
             "PORTAL_URL": portal_url,
+            "ALLOW_INSECURE_PORTAL": "true",  # the test portal answers on http://127.0.0.1
             "AGENT_TOKEN": TOKEN,
             "LEASE_SECRET": "s3cret",
             "HEARTBEAT_SECONDS": str(seconds),

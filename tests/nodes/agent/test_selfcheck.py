@@ -1,6 +1,6 @@
 """``gpubook-agent --check`` against real things: config files, stand-in device files with real modes,
-real ACLs, a real HTTP server in the portal's place, the test Redis, closed ports, and the real
-command in its own process for the exit status and the output.
+real ACLs, a real HTTPS server in the portal's place (a throwaway CA as CA_FILE), the test Redis,
+closed ports, and the real command in its own process for the exit status and the output.
 """
 
 # Tests run fixed argument lists (never a shell).
@@ -32,15 +32,16 @@ from nodes.agent.main import main as agent_main
 from nodes.agent.selfcheck import FAIL, MODPROBE_OPTIONS, OK, WARN, Check, check_root, run_checks
 from nodes.models import AgentState
 from nodes.services import node_register
-from tests.nodes.agent.harness import REPO, RecordingPortal, free_port
+from tests.nodes.agent.harness import REPO, HeaderRecorder, RecordingPortal, Redirector, free_port, local_ca
 
 GPUS = 2
 
 
 class Portal:
-    """The portal's heartbeat endpoint: answers ``status``, with a ``portal_time`` ``offset`` seconds off."""
+    """The portal's heartbeat endpoint: answers ``status``, with a ``portal_time`` ``offset`` seconds off;
+    over HTTPS with a certificate of ``local_ca()`` unless ``tls=False``."""
 
-    def __init__(self, *, status: int = 200, offset: float = 0.0) -> None:
+    def __init__(self, *, status: int = 200, offset: float = 0.0, tls: bool = True) -> None:
         self.status, self.offset = status, offset
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
         portal = self
@@ -64,6 +65,8 @@ class Portal:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls:
+            self.url = local_ca().serve_tls(self.server)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def stop(self) -> None:
@@ -96,6 +99,7 @@ class Node:
             "DEVICE_DIR": str(self.device_dir),
             "BACKEND": "simulated",
             "SIMULATED_GPUS": str(GPUS),
+            "CA_FILE": local_ca().ca_file,
             **{key.upper(): str(value) for key, value in settings_.items()},
         }
         self.write()
@@ -153,7 +157,7 @@ def statuses(checks: dict[str, Check]) -> dict[str, str]:
 
 
 def test_a_healthy_node_passes_every_check(workdir):
-    recorder = RecordingPortal()  # answers {} with a Date header only: the clock is read from that
+    recorder = RecordingPortal(tls=True)  # answers {} with a Date header only: the clock is read from that
     try:
         checks = Node(workdir, portal_url=recorder.url).check()
     finally:
@@ -191,7 +195,7 @@ def test_the_command_prints_one_line_per_check_and_exits_0_when_nothing_failed(n
 
 
 def test_json_output_parses_and_a_failure_makes_the_exit_status_1(node):
-    node.values["PORTAL_URL"] = f"http://127.0.0.1:{free_port()}"
+    node.values["PORTAL_URL"] = f"https://127.0.0.1:{free_port()}"
     node.write()
 
     result = node.command("--json")
@@ -258,7 +262,7 @@ def test_device_files_owned_by_an_ordinary_user_fail(node, unix_users):
 
 
 def test_a_portal_that_does_not_listen_fails_and_the_clock_is_not_compared(node):
-    node.values["PORTAL_URL"] = f"http://127.0.0.1:{(port := free_port())}"
+    node.values["PORTAL_URL"] = f"https://127.0.0.1:{(port := free_port())}"
     node.write()
 
     checks = node.check()
@@ -436,7 +440,7 @@ def test_the_text_output_puts_the_fix_under_the_failure():
 @pytest.mark.django_db(transaction=True)
 def test_the_real_portal_takes_the_heartbeat_and_refuses_a_wrong_token(workdir, live_server):
     credentials = node_register(name="gpu-check", hostname="check.lab")
-    node = Node(workdir, portal_url=live_server.url, agent_token=credentials.agent_token)
+    node = Node(workdir, portal_url=live_server.url, agent_token=credentials.agent_token, allow_insecure_portal="true")
 
     checks = node.check()
 
@@ -452,3 +456,125 @@ def test_the_real_portal_takes_the_heartbeat_and_refuses_a_wrong_token(workdir, 
     assert refused.message == (
         "the portal refused the node token (HTTP 401: Unknown node token: register the node or issue new credentials.)"
     )
+
+
+# -- HTTPS, and the token never sent elsewhere ----------------------------------------------------
+
+
+def test_plain_http_without_allow_insecure_portal_fails_as_a_config_error(node):
+    node.values["PORTAL_URL"] = "http://127.0.0.1:8000"
+    node.write()
+
+    checks = run_checks(str(node.config), environ={})
+
+    assert [(check.name, check.status) for check in checks] == [("config", FAIL)]
+    assert "'http://127.0.0.1:8000' is plain http" in checks[0].message
+    assert "ALLOW_INSECURE_PORTAL=true" in checks[0].message
+
+
+def test_allow_insecure_portal_works_over_http_and_warns(workdir):
+    plain = Portal(tls=False)
+    try:
+        node = Node(workdir, portal_url=plain.url, allow_insecure_portal="true")
+        checks = node.check()
+    finally:
+        plain.stop()
+
+    assert checks["portal"].status == OK  # the heartbeat went through, in clear
+    assert len(plain.requests) == 1
+    config = checks["config"]
+    assert config.status == WARN
+    assert config.message.endswith(
+        "but ALLOW_INSECURE_PORTAL=true lets the node token and every report travel in clear (http)"
+    )
+    assert config.fix == "serve the portal over https, set PORTAL_URL=https://..., and remove ALLOW_INSECURE_PORTAL"
+
+
+def test_allow_insecure_portal_left_set_with_an_https_portal_warns_too(workdir, portal):
+    checks = Node(workdir, portal_url=portal.url, allow_insecure_portal="true").check()
+
+    assert checks["config"].status == WARN
+    assert "ALLOW_INSECURE_PORTAL=true is set but unused (PORTAL_URL is https)" in checks["config"].message
+    assert checks["config"].fix == "remove ALLOW_INSECURE_PORTAL"
+
+
+def test_two_config_warnings_are_both_said_with_both_fixes(workdir):
+    plain = Portal(tls=False)
+    try:
+        node = Node(workdir, portal_url=plain.url, allow_insecure_portal="true")
+        node.config.chmod(0o644)
+        config = node.check()["config"]
+    finally:
+        plain.stop()
+
+    assert config.status == WARN
+    assert "readable by others (mode 0644)" in config.message and "travel in clear" in config.message
+    assert config.fix.startswith(f"chmod 600 {node.config}; serve the portal over https")
+
+
+def test_a_portal_certificate_from_an_unknown_ca_fails_with_the_ca_file_hint(node):
+    del node.values["CA_FILE"]
+    node.write()
+
+    portal_check = node.check()["portal"]
+
+    assert portal_check.status == FAIL
+    assert portal_check.message.startswith("the portal's TLS certificate is not trusted")
+    assert portal_check.fix.startswith("set CA_FILE")
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_redirect_fails_naming_the_location_and_the_token_never_arrives_there(workdir, status):
+    elsewhere = HeaderRecorder()
+    redirector = Redirector(elsewhere.url + "/collect", status=status, tls=True)
+    try:
+        checks = Node(workdir, portal_url=redirector.url).check()
+    finally:
+        redirector.stop()
+        elsewhere.stop()
+
+    portal_check = checks["portal"]
+    assert redirector.answered == 1
+    assert portal_check.status == FAIL
+    assert f"answered with a HTTP {status} redirect to '{elsewhere.url}/collect', not followed" in portal_check.message
+    assert "the node token goes only to PORTAL_URL" in portal_check.message
+    assert portal_check.fix.startswith("set PORTAL_URL to the address the portal answers at")
+    assert elsewhere.requests == []
+
+
+# -- the state directory must be the agent's own -------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [0o770, 0o775, 0o777, 0o1777], ids=oct)
+def test_a_state_dir_writable_by_others_fails_with_the_fix(node, bits):
+    node.state_dir.mkdir()
+    node.state_dir.chmod(bits)
+
+    state = node.check()["state"]
+
+    assert state.status == FAIL
+    assert state.message.startswith(f"STATE_DIR {node.state_dir} is owned by root (uid 0) with mode {bits:04o}")
+    assert state.fix == f"chown root: {node.state_dir}; chmod 700 {node.state_dir}"
+    assert node.state_dir.stat().st_mode & 0o7777 == bits  # the check changes nothing
+
+
+def test_a_state_dir_of_another_account_fails_and_the_command_prints_the_fix(node, unix_users):
+    node.state_dir.mkdir(mode=0o700)
+    os.chown(node.state_dir, unix_users[0].uid, unix_users[0].gid)
+
+    result = node.command()
+
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    (line,) = [line for line in lines if line.startswith("FAIL  state:")]
+    assert f"is owned by {unix_users[0].name} (uid {unix_users[0].uid}) with mode 0700" in line
+    assert lines[lines.index(line) + 1] == f"        fix: chown root: {node.state_dir}; chmod 700 {node.state_dir}"
+
+
+def test_a_state_dir_of_its_own_passes(node):
+    node.state_dir.mkdir(mode=0o700)
+
+    state = node.check()["state"]
+
+    assert state.status == OK
+    assert state.message == f"STATE_DIR {node.state_dir} is the agent's own (not writable by others) and writable"

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from nodes.agent.signing import signed, verify
 
 SNAPSHOT = {"node": "gpu-a100", "version": 7, "leases": [{"user": "alice", "gpus": ["GPU-1"], "end": "x"}]}
@@ -28,3 +30,24 @@ def test_key_order_does_not_matter():
     snapshot = signed(SNAPSHOT, "s3cret")
     reordered = dict(reversed(list(snapshot.items())))
     assert verify(reordered, "s3cret")
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [
+        "é" * 64,  # non-ASCII: hmac.compare_digest raises TypeError on it
+        "ü" + "0" * 63,
+        "z" * 64,  # not hex
+        "0" * 63,  # one short
+        "0" * 65,
+        "0" * 64 + "\n",  # a trailing newline that $ would let through
+    ],
+)
+def test_a_signature_that_is_not_64_hex_digits_is_refused_not_raised(signature):
+    assert not verify({**SNAPSHOT, "signature": signature}, "s3cret")
+
+
+def test_the_right_signature_in_upper_case_is_refused():
+    """sign() writes lower case; there is one spelling of a signature, the one compared."""
+    snapshot = signed(SNAPSHOT, "s3cret")
+    assert not verify({**snapshot, "signature": snapshot["signature"].upper()}, "s3cret")

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
 from nodes.agent.signing import signed
-from nodes.agent.snapshot import Lease, SnapshotRefused, parse_snapshot
+from nodes.agent.snapshot import (
+    MAX_SNAPSHOT_BYTES,
+    MAX_SNAPSHOT_DEPTH,
+    Lease,
+    SnapshotRefused,
+    check_fresh,
+    decode_snapshot,
+    json_depth,
+    parse_snapshot,
+)
 
 NODE = "gpu-a100"
 SECRET = "s3cret"
@@ -239,3 +249,120 @@ def test_a_lease_is_active_from_its_start_up_to_but_not_at_its_end():
     assert item.active_at(END - tick)
     assert not item.active_at(END)
     assert item.active_at(START.astimezone(timezone(timedelta(hours=-7))))  # the same instant elsewhere
+
+
+# -- what arrives: JSON text, bounded before it is parsed ----------------------------------------
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def refused_text(payload: Any) -> str:
+    with pytest.raises(SnapshotRefused) as raised:
+        decode_snapshot(payload)
+    return str(raised.value)
+
+
+def test_a_snapshot_as_json_text_is_parsed_then_checked_as_an_object():
+    raw = signed(body(), SECRET)
+    text = json.dumps(raw, separators=(",", ":"))
+
+    assert decode_snapshot(text) == raw
+    assert decode_snapshot(text.encode()) == raw
+    assert parse(decode_snapshot(text)).version == 3
+
+
+def test_the_object_older_portals_push_is_still_taken():
+    raw = signed(body(), SECRET)
+
+    assert decode_snapshot(raw) is raw
+
+
+def test_ten_thousand_levels_of_nesting_are_refused_unparsed_not_a_recursion_error():
+    assert refused_text(nested(10_000)) == f"nested deeper than {MAX_SNAPSHOT_DEPTH} levels: not read"
+    assert refused_text(nested(10_000).encode()).startswith("nested deeper")
+    signature_inside = '{"node":"gpu-a100","leases":' + nested(10_000) + ',"signature":"' + "0" * 64 + '"}'
+    assert refused_text(signature_inside).startswith("nested deeper")
+
+
+def test_nesting_deeper_than_the_limit_in_an_object_is_refused_too():
+    deep: list[Any] = []
+    for _ in range(MAX_SNAPSHOT_DEPTH):
+        deep = [deep]
+
+    assert refused_text({**body(), "leases": deep}).startswith("nested deeper")
+    assert decode_snapshot({**body(), "leases": deep[0][0]})  # two levels less: within the limit
+
+
+def test_the_depth_limit_lets_every_real_snapshot_through():
+    """A real snapshot nests four deep however many leases it has; brackets in strings do not count."""
+    leases = [lease(reservation=n, user=f"u{n}") for n in range(1, 2000)]
+    text = json.dumps(signed(body(leases=leases), SECRET))
+    assert json_depth(text) == 4
+    assert json_depth('{"a": ["[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\\\\\\"", {"b": [[]]}]}') == 5
+    assert json_depth(nested(MAX_SNAPSHOT_DEPTH + 1)) == MAX_SNAPSHOT_DEPTH + 1
+
+
+def test_a_fifty_megabyte_body_is_refused_unparsed():
+    huge = '{"node":"' + "x" * (50 * 1024 * 1024) + '"}'
+
+    assert refused_text(huge) == f"larger than {MAX_SNAPSHOT_BYTES} bytes: not read"
+    assert refused_text(huge.encode()) == f"larger than {MAX_SNAPSHOT_BYTES} bytes: not read"
+
+
+@pytest.mark.parametrize("payload", ["", "{", "not json", '{"a": 1} trailing', b"\xff\xfe{}"])
+def test_text_that_is_not_json_is_refused(payload):
+    assert refused_text(payload).startswith(("not JSON", "not UTF-8"))
+
+
+# -- authentic but refused: the version counts as seen --------------------------------------------
+
+
+def test_a_refusal_of_an_authentic_snapshot_names_its_version():
+    with pytest.raises(SnapshotRefused) as raised:
+        parse(signed(body(leases=[lease(user="../x")]), SECRET))
+
+    assert raised.value.version == 3
+
+
+@pytest.mark.parametrize(
+    "raw", [body(), signed(body(version=99), "another secret"), {**signed(body(), SECRET), "node": "x"}]
+)
+def test_a_refusal_of_a_forgery_names_no_version(raw):
+    with pytest.raises(SnapshotRefused) as raised:
+        parse(raw)
+
+    assert raised.value.version is None
+
+
+# -- freshness ------------------------------------------------------------------------------------
+
+ISSUED = START - timedelta(days=1)
+TICK = timedelta(microseconds=1)
+
+
+def fresh_at(now: datetime) -> None:
+    check_fresh(parse(signed(body(), SECRET)), now=now, max_age_seconds=600)
+
+
+@pytest.mark.parametrize("now", [ISSUED, ISSUED + timedelta(seconds=600), ISSUED - timedelta(minutes=2)])
+def test_a_snapshot_up_to_max_age_old_or_two_minutes_ahead_is_fresh(now):
+    fresh_at(now)
+
+
+def test_a_snapshot_older_than_max_age_is_refused_with_its_version():
+    with pytest.raises(SnapshotRefused, match="more than MAX_SNAPSHOT_AGE_SECONDS") as raised:
+        fresh_at(ISSUED + timedelta(seconds=600) + TICK)
+
+    assert raised.value.version == 3  # authentic: counted as seen, never pulled again
+
+
+def test_a_thirty_day_old_snapshot_is_refused():
+    with pytest.raises(SnapshotRefused, match="delayed or replayed"):
+        fresh_at(ISSUED + timedelta(days=30))
+
+
+def test_a_snapshot_more_than_two_minutes_ahead_is_refused():
+    with pytest.raises(SnapshotRefused, match="ahead of this node's clock"):
+        fresh_at(ISSUED - timedelta(minutes=2) - TICK)

@@ -1,0 +1,115 @@
+"""System checks for the nodes' broker credentials (nodes/broker_users.py).
+
+A per-node broker user that cannot be made would stop register_node, so what can be known from the
+settings alone is an error at every start. What the broker itself says (ACLs at all, the portal's right
+to manage them, a default user that needs no password) and the nodes still on the portal's own
+credential need a server, so like the database checks those run only when asked: ``manage.py
+migrate`` and ``manage.py check --database default``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DatabaseError
+from kombu.utils.url import maybe_sanitize_url
+
+from nodes.broker_users import DISABLE_HINT, broker_probe, settings_problem
+from nodes.models import Node
+
+
+@register()
+def check_broker_user_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    problem = settings.NODE_BROKER_USERS and settings_problem()
+    if not problem:
+        return []
+    return [Error(f"{problem}.", hint="docs/agent.md, 'The broker'.", id="nodes.E001")]
+
+
+@register()
+def check_broker_password_is_not_the_example(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """deploy/portal.env.example's placeholder is public: with it, Redis' password (the only thing between a
+    node and every queue) is known to all, and Compose cannot tell it from a real one."""
+    for name in ("REDIS_URL", "CELERY_BROKER_URL"):
+        password = urlsplit(getattr(settings, name, "") or "").password or ""
+        if password.startswith("replace-with-"):
+            return [
+                Error(
+                    f"{name} still carries the example's Redis password ({password}).",
+                    hint="Generate one (python3 -c 'import secrets; print(secrets.token_urlsafe(24))') and set it "
+                    "as REDIS_PASSWORD in .env; deploy/portal.env.example.",
+                    id="nodes.E004",
+                )
+            ]
+    return []
+
+
+@register(Tags.database)
+def check_broker_server(
+    app_configs: Any = None, databases: Sequence[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    if not databases or not settings.NODE_BROKER_USERS or settings_problem():
+        return []
+    shown = maybe_sanitize_url(settings.CELERY_BROKER_URL)
+    messages: list[CheckMessage] = []
+    probe = broker_probe()
+    if not probe.reachable:
+        return [
+            Warning(
+                f"Could not ask the broker at {shown} about node broker users: {probe.error}",
+                hint="register_node and the admin's 'Issue new agent credentials' fail until it answers; "
+                "manage.py check --database default asks again.",
+                id="nodes.W001",
+            )
+        ]
+    if not probe.acl_supported:
+        messages.append(
+            Error(
+                f"The broker at {shown} has no ACL users ({probe.error}), so nodes cannot get a broker user each.",
+                hint=f"Use Redis 6.2 or later, {DISABLE_HINT}.",
+                id="nodes.E002",
+            )
+        )
+    elif probe.missing:
+        messages.append(
+            Error(
+                f"The portal's Redis user {probe.user!r} at {shown} may not run {', '.join(probe.missing)}, so it "
+                "cannot give nodes a broker user each.",
+                hint=f"ACL SETUSER {probe.user} +acl +client|kill (docs/agent.md, 'The broker'), {DISABLE_HINT}.",
+                id="nodes.E003",
+            )
+        )
+    elif probe.default_user_open:
+        messages.append(
+            Warning(
+                f"Redis' default user at {shown} needs no password: anyone who reaches Redis, a node included, "
+                "connects as it with every right, whatever its own broker user may do.",
+                hint="Give it a password (requirepass, and put it in REDIS_URL: redis://:<password>@host:6379/0) or "
+                "switch it off (ACL SETUSER default off, with the portal on a user of its own); docs/agent.md.",
+                id="nodes.W002",
+            )
+        )
+    for alias in databases:
+        try:
+            names = list(
+                Node.objects.using(alias)
+                .exclude(agent_token_hash="")
+                .filter(broker_password_hash="")
+                .values_list("name", flat=True)
+            )
+        except DatabaseError:  # not migrated yet (``migrate`` runs the checks first): nothing to say
+            continue
+        if names:
+            messages.append(
+                Warning(
+                    f"{len(names)} node(s) still use the portal's own broker credential: {', '.join(names)}.",
+                    hint="Issue them new agent credentials (admin: Nodes, 'Issue new agent credentials', or "
+                    "manage.py register_node NAME --rotate) and put the new lines in their agent.conf.",
+                    id="nodes.W003",
+                )
+            )
+    return messages
