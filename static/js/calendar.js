@@ -757,6 +757,9 @@
 
   const calendar = EventCalendar.create(calendarEl, {
     view: savedView(),
+    // Today in the reader's zone, not the browser's: at 23:30 UTC a Berlin laptop is already on
+    // tomorrow, and the calendar opened there.
+    date: nowWall.slice(0, 10),
     headerToolbar: {start: 'prev,next today', center: 'title', end: VIEWS.join(',')},
     buttonText: (text) => ({...text, today: 'Today', resourceTimelineDay: 'Day', resourceTimelineWeek: 'Week'}),
     timeZone: OFFSET,

@@ -123,6 +123,23 @@ def block(page: Page, reservation: Reservation):
     return page.locator(f'.run-blocks .block[data-reservation-id="{reservation.pk}"]')
 
 
+def test_the_calendar_opens_on_today_in_the_readers_zone_whatever_the_browsers(browser, live_server, alice, gpus):
+    """alice reads UTC. Her laptop is in a zone whose date differs from UTC's right now (11 hours
+    behind in the UTC morning, 14 ahead in the afternoon): the calendar still opens on UTC's today."""
+    now = timezone.now()
+    laptop_zone = "Pacific/Pago_Pago" if now.hour < 11 else "Pacific/Kiritimati"
+    context = browser.new_context(timezone_id=laptop_zone, viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    try:
+        log_in(page, live_server, "alice")
+        expect(page.locator("#calendar")).to_have_attribute("aria-busy", "false")
+        assert page.evaluate("new Date().getDate()") != now.day  # the laptop's date is another
+
+        expect(page.locator(".ec-title")).to_have_text(f"{now:%B} {now.day}, {now.year}")
+    finally:
+        context.close()
+
+
 def test_drag_across_the_hours_of_a_gpu_then_confirm_books_it(page, live_server, alice, gpus, screenshot):
     log_in(page, live_server, "alice")
     open_tomorrow(page)
