@@ -4,3 +4,18 @@ from django.apps import AppConfig
 class AccountingConfig(AppConfig):
     name = "accounting"
     verbose_name = "GPU accounting"
+
+    def ready(self) -> None:
+        # A booking's page shows its usage so far; reservations is below us and must not import us.
+        from accounting.reservation_usage import reservation_usage
+        from reservations.detail_parts import Part, register
+
+        register(
+            Part(
+                name="usage",
+                title="Usage so far",
+                template="accounting/reservation_usage.html",
+                read=reservation_usage,
+                order=100,
+            )
+        )

@@ -46,6 +46,7 @@ from portal.api_schema import READ_ERRORS
 from portal.fields import AwareDateTimeField
 from reservations.constraints import TsTzRange
 from reservations.models import Allocation, MaintenanceWindow, Reservation
+from reservations.permissions import allowed_actions
 
 # The longest range one request may ask for: two months, which is more than any view shows.
 MAX_RANGE = timedelta(days=62)
@@ -187,6 +188,7 @@ def calendar_events(
         .values_list("id", "user_id", "user__username", "start_text", "end_text", "status", "purpose", "extends_id")
     )
     now_key = now.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    page_prefix = reservation_page_prefix()
     events = []
     for rid, owner_id, username, start_text, end_text, status, purpose, extends_id in rows:
         resource_ids = gpus_of.get(rid)
@@ -195,9 +197,16 @@ def calendar_events(
         mine = owner_id == user.pk
         acts = mine or is_admin
         started, ended = start_text[:19] <= now_key, end_text[:19] <= now_key
-        can_extend = acts and not ended
-        # A pending extension is a request: withdrawn (cancelled) while it waits, never released.
-        request = extends_id is not None and status == Reservation.Status.PENDING
+        # What the services would allow now (they decide; this only chooses the buttons).
+        allowed = allowed_actions(
+            owner=mine,
+            admin=is_admin,
+            status=status,
+            is_request=extends_id is not None and status == Reservation.Status.PENDING,
+            started=started,
+            ended=ended,
+        )
+        can_extend = "extend" in allowed
         events.append(
             {
                 "id": f"reservation-{rid}",
@@ -214,15 +223,25 @@ def calendar_events(
                     "status": status,
                     "mine": mine,
                     "purpose": purpose if acts else None,
-                    # What the services would allow now (they decide; these only choose the buttons).
-                    "can_cancel": acts and not ended and (not started or is_admin or request),
-                    "can_release": acts and started and not ended and not request,
+                    "can_cancel": "cancel" in allowed,
+                    "can_release": "release" in allowed,
                     "extends": extends_id,
                     "can_extend": can_extend,
+                    # The booking's page, for those who may open it (its holder and the admins).
+                    "url": f"{page_prefix}{rid}/" if acts else None,
                 },
             }
         )
     return events + _maintenance_events(start=start, end=end, resources=resources, node=node)
+
+
+def reservation_page_prefix() -> str:
+    """'/reservations/' (with any script prefix): a booking's page is this plus '<id>/'. Reversed
+    once per answer rather than once per booking, which a full week of a lab would feel."""
+    sample = reverse("reservation-detail", kwargs={"pk": 1})
+    if not sample.endswith("/1/"):
+        raise ValueError(f"The booking page's URL changed shape: {sample}")
+    return sample.removesuffix("1/")
 
 
 def _active_allocations_overlapping(start: datetime, end: datetime) -> QuerySet[Allocation]:
@@ -345,6 +364,11 @@ class CalendarEventProps(serializers.Serializer):
     can_cancel = serializers.BooleanField(required=False)
     can_release = serializers.BooleanField(required=False)
     can_extend = serializers.BooleanField(required=False)
+    url = serializers.CharField(
+        required=False,
+        allow_null=True,
+        help_text="Bookings: the path of the booking's page; null unless it is yours (admins: everyone's).",
+    )
     extends = serializers.IntegerField(
         required=False, allow_null=True, help_text="A pending extension: the booking it would lengthen."
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django import forms
 from django.conf import settings
@@ -30,6 +30,7 @@ from reservations import selectors, services
 from reservations.exceptions import BookingError
 from reservations.forms import EXTEND_HOURS, ExtendForm, ReasonForm, RequiredReasonForm, first_error
 from reservations.models import Reservation
+from reservations.permissions import reservation_actions
 from reservations.timegrid import format_day_time
 
 Status = Reservation.Status
@@ -48,6 +49,7 @@ class Row:
     gpus: list[Gpu]
     phase: str  # "upcoming", "running" or "past" by the clock
     end_input: str  # the current end as a datetime-local value in the user's zone
+    actions: frozenset[str]  # what the viewer may do with it now (reservations.permissions)
 
     @property
     def live(self) -> bool:
@@ -59,16 +61,23 @@ class Row:
 
     @property
     def can_cancel(self) -> bool:
-        # An extension request can be withdrawn while undecided, even once its time has come.
-        return self.live and (self.phase == "upcoming" or self.is_extension_request)
+        return "cancel" in self.actions
 
     @property
     def can_release(self) -> bool:
-        return self.live and self.phase == "running" and not self.is_extension_request
+        return "release" in self.actions
 
     @property
     def can_extend(self) -> bool:
-        return self.live and self.pending_extension is None
+        return "extend" in self.actions
+
+    @property
+    def can_approve(self) -> bool:
+        return "approve" in self.actions
+
+    @property
+    def can_reject(self) -> bool:
+        return "reject" in self.actions
 
     @property
     def shows_access(self) -> bool:
@@ -114,13 +123,19 @@ class Row:
         return "approved", "approved"
 
 
-def _rows(reservations: QuerySet[Reservation] | list[Reservation], now: datetime) -> list[Row]:
+def reservation_rows(
+    reservations: QuerySet[Reservation] | list[Reservation], *, now: datetime, viewer: Any
+) -> list[Row]:
+    """Rows for ``viewer``: reservations from ``selectors.reservation_list`` (its prefetches are used)."""
     return [
         Row(
             reservation=r,
             gpus=sorted((a.gpu for a in r.allocations.all()), key=lambda gpu: gpu.index),
             phase=r.phase(now),
             end_input=timezone.localtime(r.end).strftime("%Y-%m-%dT%H:%M"),
+            actions=reservation_actions(
+                reservation=r, viewer=viewer, now=now, extension_waiting=selectors.pending_extension(r) is not None
+            ),
         )
         for r in reservations
     ]
@@ -130,7 +145,9 @@ def _rows(reservations: QuerySet[Reservation] | list[Reservation], now: datetime
 def my_reservations(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     mine = selectors.reservation_list(user=request.user).filter(user=request.user)
-    current = _rows(mine.filter(status__in=Reservation.LIVE_STATUSES, end__gt=now), now)
+    current = reservation_rows(
+        mine.filter(status__in=Reservation.LIVE_STATUSES, end__gt=now), now=now, viewer=request.user
+    )
     past = mine.filter(end__gt=now - timedelta(days=PAST_DAYS)).exclude(
         status__in=Reservation.LIVE_STATUSES, end__gt=now
     )
@@ -142,7 +159,9 @@ def my_reservations(request: HttpRequest) -> HttpResponse:
         {
             "id": "past",
             "title": f"Finished, cancelled or rejected (last {PAST_DAYS} days)",
-            "rows": _rows(past.select_related("cancelled_by").order_by("-start", "-id")[:PAST_LIMIT], now),
+            "rows": reservation_rows(
+                past.select_related("cancelled_by").order_by("-start", "-id")[:PAST_LIMIT], now=now, viewer=request.user
+            ),
             "empty": f"Nothing finished, cancelled or rejected in the last {PAST_DAYS} days.",
         },
     ]
@@ -162,7 +181,8 @@ def pending_approvals(request: HttpRequest) -> HttpResponse:
         return _forbidden(request)
     now = timezone.now()
     pending = selectors.reservation_list(user=request.user).filter(status=Status.PENDING)
-    context = {"nav": "pending", "rows": _rows(pending, now), "unix_requests": unix_username_requests()}
+    rows = reservation_rows(pending, now=now, viewer=request.user)
+    context = {"nav": "pending", "rows": rows, "unix_requests": unix_username_requests()}
     return render(request, "reservations/pending.html", context)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.urls import reverse
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -84,8 +85,11 @@ class ReservationSerializer(serializers.ModelSerializer):
     pending_extension = serializers.SerializerMethodField(
         help_text="An extension of this booking waiting for an admin's approval, or null."
     )
+    url = serializers.SerializerMethodField(
+        help_text="The booking's page in the portal (absolute URL); null when it is someone else's."
+    )
 
-    PRIVATE = ("purpose", "decided_by", "decided_at", "decision_reason", "cancel_reason", "pending_extension")
+    PRIVATE = ("purpose", "decided_by", "decided_at", "decision_reason", "cancel_reason", "pending_extension", "url")
 
     class Meta:
         model = Reservation
@@ -109,6 +113,7 @@ class ReservationSerializer(serializers.ModelSerializer):
             "released_at",
             "extends",
             "pending_extension",
+            "url",
         )
         read_only_fields = fields
 
@@ -121,6 +126,10 @@ class ReservationSerializer(serializers.ModelSerializer):
     def get_pending_extension(self, obj: Reservation) -> dict[str, Any] | None:
         waiting = pending_extension(obj)
         return None if waiting is None else {"id": waiting.pk, "end": waiting.end}
+
+    @extend_schema_field(serializers.URLField(allow_null=True))
+    def get_url(self, obj: Reservation) -> str:
+        return self.context["request"].build_absolute_uri(reverse("reservation-detail", kwargs={"pk": obj.pk}))
 
     def get_phase(self, obj: Reservation) -> str:
         return obj.phase(self.context.get("now") or timezone.now())

@@ -1,10 +1,11 @@
 from django.urls import path
 
-from reservations import calendar, pages
+from reservations import calendar, detail, pages
 
 urlpatterns = [
     path("", calendar.calendar_page, name="calendar"),
     path("reservations/mine/", pages.my_reservations, name="my-reservations"),
     path("reservations/pending/", pages.pending_approvals, name="pending-approvals"),
+    path("reservations/<int:pk>/", detail.reservation_detail, name="reservation-detail"),
     path("reservations/<int:pk>/<slug:action>/", pages.reservation_action, name="reservation-action"),
 ]

@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_ENV = ROOT / "deploy" / "portal.env.example"
 INFRA = {"postgres", "redis"}
 AGENTS = {"agent-a100", "agent-4090"}
+DEMO = {"demo", "demo-jobs"}
+DEMO_DEVICES = "/var/tmp/gpubook-demo"  # noqa: S108 - demo_agents' default --device-root, a Compose volume here
 
 
 def _compose_binary() -> str | None:
@@ -137,9 +139,9 @@ def test_it_refuses_to_start_without_an_env_file(tmp_path: Path) -> None:
 
 @needs_compose
 def test_the_example_env_starts_every_service_with_the_demo_profile(services: dict[str, Any]) -> None:
-    assert set(services) == INFRA | {"web", "worker", "beat", "demo"} | AGENTS
-    assert {name for name, service in services.items() if service.get("profiles")} == {"demo"} | AGENTS
-    assert all(services[name]["profiles"] == ["demo"] for name in {"demo"} | AGENTS)
+    assert set(services) == INFRA | {"web", "worker", "beat"} | DEMO | AGENTS
+    assert {name for name, service in services.items() if service.get("profiles")} == DEMO | AGENTS
+    assert all(services[name]["profiles"] == ["demo"] for name in DEMO | AGENTS)
 
 
 @needs_compose
@@ -172,8 +174,8 @@ def test_web_migrates_then_serves_what_the_procfile_serves(services: dict[str, A
 @needs_compose
 def test_worker_beat_and_agents_run_the_procfile_commands(services: dict[str, Any]) -> None:
     processes = procfile()
-    assert set(processes) == {"web", "worker", "beat"} | AGENTS
-    for name in ("worker", "beat", *AGENTS):
+    assert set(processes) == {"web", "worker", "beat", "demo-jobs"} | AGENTS
+    for name in ("worker", "beat", "demo-jobs", *AGENTS):
         assert services[name]["command"] == processes[name], name
 
 
@@ -203,8 +205,9 @@ def test_services_start_in_order_of_health(services: dict[str, Any]) -> None:
         "worker": healthy,
         "beat": healthy,
         "demo": {"web": "service_healthy"},
-        "agent-a100": {"demo": "service_completed_successfully"},
-        "agent-4090": {"demo": "service_completed_successfully"},
+        "demo-jobs": {"demo": "service_completed_successfully"},
+        "agent-a100": {"demo": "service_completed_successfully", "demo-jobs": "service_started"},
+        "agent-4090": {"demo": "service_completed_successfully", "demo-jobs": "service_started"},
     }
 
 
@@ -234,11 +237,13 @@ def test_volumes(services: dict[str, Any], config: dict[str, Any]) -> None:
         "worker": set(),
         "beat": {("beat", "/app/var")},  # its schedule file: var/celerybeat-schedule
         "demo": {("agents", "/app/var/agents")},
-        "agent-a100": {("agents", "/app/var/agents")},
-        "agent-4090": {("agents", "/app/var/agents")},
+        # The stand-in device files, where demo_agents' default --device-root puts them, shared with the jobs.
+        "demo-jobs": {("demo-devices", DEMO_DEVICES)},
+        "agent-a100": {("agents", "/app/var/agents"), ("demo-devices", DEMO_DEVICES)},
+        "agent-4090": {("agents", "/app/var/agents"), ("demo-devices", DEMO_DEVICES)},
     }
     assert all(volume["type"] == "volume" for service in services.values() for volume in service.get("volumes", []))
-    assert set(config["volumes"]) == {"pgdata", "beat", "agents"}
+    assert set(config["volumes"]) == {"pgdata", "beat", "agents", "demo-devices"}
 
 
 @needs_compose
@@ -255,13 +260,32 @@ def test_the_agents_get_no_portal_settings_and_run_as_root(services: dict[str, A
     for name in AGENTS:
         assert services[name]["environment"] == {"DEMO_ACCOUNTS": "demo-alice demo-bob demo-carol"}, name
         assert services[name]["user"] == "root"
-    for name in ("web", "worker", "beat", "demo"):
+    for name in ("web", "worker", "beat", "demo", "demo-jobs"):
         environment = services[name]["environment"]
         assert environment["DATABASE_URL"] == "postgres://portal:replace-with-a-generated-password@postgres:5432/portal"
         assert environment["REDIS_URL"] == "redis://:replace-with-a-generated-redis-password@redis:6379/0"
         assert "web" in environment["ALLOWED_HOSTS"].split(",")  # the demo agents report to http://web:8000
         assert "127.0.0.1" in environment["ALLOWED_HOSTS"].split(",")  # web's health check asks it
-        assert "user" not in services[name]  # the image's unprivileged account
+        if name != "demo-jobs":
+            assert "user" not in services[name]  # the image's unprivileged account
+
+
+@needs_compose
+def test_the_demo_jobs_run_where_the_agents_see_them(services: dict[str, Any]) -> None:
+    # Root, to run each job as its booking's user, with the same accounts (and uids) as the agents create.
+    assert services["demo-jobs"]["user"] == "root"
+    assert services["demo-jobs"]["environment"]["DEMO_ACCOUNTS"] == "demo-alice demo-bob demo-carol"
+    # The agents find a GPU's processes in /proc: the jobs' process namespace must be theirs.
+    for name in AGENTS:
+        assert services[name]["pid"] == "service:demo-jobs", name
+    assert "demo_jobs" in (ROOT / "Procfile").read_text()
+
+
+@needs_compose
+def test_the_demo_rolls_usage_up_every_minute(services: dict[str, Any]) -> None:
+    # So the reports fill within minutes, as with scripts/run.
+    assert services["beat"]["environment"]["USAGE_ROLLUP_SECONDS"] == "60"
+    assert "USAGE_ROLLUP_SECONDS=${USAGE_ROLLUP_SECONDS:-60}" in (ROOT / "scripts" / "run").read_text()
 
 
 def test_the_example_env_holds_placeholders_not_secrets() -> None:

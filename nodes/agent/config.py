@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from nodes.agent.gpus import simulated
 from nodes.agent.worker import queue_name
 
 DEFAULT_CONFIG_FILE = "/etc/gpubook/agent.conf"
@@ -41,6 +42,10 @@ class AgentConfig:
     device_dir: str = "/dev"
     backend: str = "nvml"
     simulated_gpus: int = 4
+    # The simulated cards (all alike, as on a demo node): what they report as their model, memory and power limit.
+    simulated_model: str = simulated.MODEL
+    simulated_memory_mib: int = simulated.MEMORY_TOTAL_MIB
+    simulated_power_w: float = simulated.POWER_LIMIT_W
     grace_seconds: float = 30.0
     reconcile_seconds: float = 5.0
     heartbeat_seconds: float = 10.0
@@ -85,6 +90,7 @@ _KNOWN = (
     | set(_FLOATS)
     | set(_STRINGS)
     | {"SIMULATED_GPUS", "END_VIOLATIONS", "PROTECTED_USERS", "ALLOW_INSECURE_PORTAL"}
+    | {"SIMULATED_MODEL", "SIMULATED_MEMORY_MIB", "SIMULATED_POWER_W"}
 )
 
 
@@ -167,6 +173,7 @@ def config_from_values(values: Mapping[str, str]) -> AgentConfig:
             kwargs[attr] = _positive_float(key, values[key])
     if values.get("SIMULATED_GPUS"):
         kwargs["simulated_gpus"] = _positive_int("SIMULATED_GPUS", values["SIMULATED_GPUS"])
+    kwargs.update(_simulated_card(values))
     if values.get("END_VIOLATIONS"):
         kwargs["end_violations"] = _boolean("END_VIOLATIONS", values["END_VIOLATIONS"])
     if values.get("PROTECTED_USERS"):
@@ -180,6 +187,40 @@ def config_from_values(values: Mapping[str, str]) -> AgentConfig:
         # Stand-in device files are plain files: never create them in the real /dev.
         kwargs["device_dir"] = str(Path(str(kwargs.get("state_dir", AgentConfig.state_dir))) / "dev")
     return AgentConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def _simulated_card(values: Mapping[str, str]) -> dict[str, object]:
+    """SIMULATED_MODEL, SIMULATED_MEMORY_MIB and SIMULATED_POWER_W, those given, checked."""
+    card: dict[str, object] = {}
+    model = values.get("SIMULATED_MODEL")
+    if model:
+        # It is shown on pages and written back into config lines: one printable line of text.
+        if not model.isprintable() or len(model) > simulated.MAX_MODEL_CHARS:
+            raise ConfigError(
+                f"SIMULATED_MODEL must be printable text of at most {simulated.MAX_MODEL_CHARS} characters "
+                f"(e.g. NVIDIA A100-SXM4-80GB), not {model!r}"
+            )
+        card["simulated_model"] = model
+    if values.get("SIMULATED_MEMORY_MIB"):
+        memory = _positive_int("SIMULATED_MEMORY_MIB", values["SIMULATED_MEMORY_MIB"])
+        if not simulated.BASE_MIB < memory <= simulated.MAX_MEMORY_MIB:
+            raise ConfigError(
+                f"SIMULATED_MEMORY_MIB must be between {simulated.BASE_MIB + 1} and {simulated.MAX_MEMORY_MIB} "
+                f"(MiB; an 80 GB A100 has 81920), not {values['SIMULATED_MEMORY_MIB']!r}"
+            )
+        card["simulated_memory_mib"] = memory
+    if values.get("SIMULATED_POWER_W"):
+        raw = values["SIMULATED_POWER_W"]
+        try:
+            power = float(raw)
+        except ValueError:
+            raise ConfigError(f"SIMULATED_POWER_W must be a number of watts, not {raw!r}") from None
+        if not (math.isfinite(power) and 0 < power <= simulated.MAX_POWER_W):
+            raise ConfigError(
+                f"SIMULATED_POWER_W must be more than 0 and at most {simulated.MAX_POWER_W:.0f} (watts), not {raw!r}"
+            )
+        card["simulated_power_w"] = power
+    return card
 
 
 def _positive_float(key: str, raw: str) -> float:

@@ -30,6 +30,20 @@
  * list, rows far out of view have no blocks yet; scrolling, or tabbing, towards them builds them
  * before they show. Each node's row also carries a summary of its load (how many of its GPUs are
  * booked, as shading), which is what a collapsed node shows.
+ *
+ * Opening on now. The day view spans two days (it moves by one), so that in the evening the night and
+ * the next morning are on screen rather than a click away, and the week view starts on its date, not
+ * on a Monday: both open on today. After every change of dates the grid is scrolled so that, when the
+ * view starts today, now sits at a third of the visible hours, else the view's first morning shows
+ * (placeView); the position is rounded to a label's edge, so the first label shows whole (labels cut
+ * by an edge while scrolling are hidden, see showEdges), and "Today" comes back to it. EventCalendar's scrollTime is relative to today's midnight and capped
+ * at that day's end, and its own "today" button is disabled while today is in view, hence the small
+ * scroll of our own and a button of our own.
+ *
+ * Narrow screens. A GPU's row is labelled "GPU 0" there (the node's row above names the node), with
+ * the rest of its name kept for screen readers, on hover (title) and, for the keyboard (or a tap),
+ * shown under the label while it has the focus. Shadows at the grid's edges show there are hours to either side,
+ * and on a phone a line says so until the grid has been scrolled once.
  */
 'use strict';
 
@@ -45,6 +59,9 @@
   const VIEW_KEY = 'gpu-calendar-view';
   const VIEWS = ['resourceTimelineDay', 'resourceTimelineWeek'];
   const EAGER_BLOCKS = 1500;  // more bookings drawn as blocks than this: rows get theirs when near (see "Crowded ranges")
+  const DAY_VIEW_DAYS = 2;  // the day view's span (see "Opening on now")
+  const FIRST_MORNING_HOUR = 7;  // where the day view opens on a day other than today
+  const NARROW = window.matchMedia('(max-width: 640px)');  // as calendar.css's narrow layout
 
   const $ = (id) => document.getElementById(id);
   const calendarEl = $('calendar');
@@ -381,7 +398,7 @@
       const left = Math.max(0, (booking.startMs - from) / span);
       const right = Math.min(1, (booking.endMs - from) / span);
       const block = element('span', `block ${ext.status}${ext.mine ? ' mine' : ''}`, booking.title);
-      if (span <= DAY_MS) {  // the day view has room for the start, like its events
+      if (span <= DAY_VIEW_DAYS * DAY_MS) {  // the day view has room for the start, like its events
         block.prepend(element('span', 'block-time', booking.startWall.slice(11, 16)), ' ');
       }
       block.style.cssText = `left:${left * 100}%;width:${(right - left) * 100}%`;
@@ -623,6 +640,7 @@
     extendTo: $('reservation-extend-to'),
     end: $('reservation-end'),
     error: $('reservation-error'),
+    page: $('reservation-page'),
   };
   held.end.step = String(config.grid_minutes * 60);
   let current = null;  // {id, ext, startWall, endWall}
@@ -652,6 +670,13 @@
       rows.push(...detail('Purpose', ext.purpose || '—'));
     }
     held.details.replaceChildren(...rows);
+    // The booking's own page: the server gives its address only to the holder and the admins.
+    if (ext.url) {
+      held.page.href = ext.url;
+    } else {
+      held.page.removeAttribute('href');
+    }
+    held.page.hidden = !ext.url;
 
     const acts = ext.can_cancel || ext.can_release || ext.can_extend;
     held.actions.hidden = !acts;
@@ -741,6 +766,166 @@
     }
   }
 
+  // --- row labels (see "Narrow screens") -------------------------------------------------------
+
+  const rowTip = $('row-tip');
+
+  /** A row's label: a GPU's is "GPU 0" and the rest of its name, which narrow screens show only on focus. */
+  function rowLabel(resource) {
+    const title = resource.title;
+    const ext = resource.extendedProps ?? {};
+    const short = `GPU ${ext.index}`;
+    const label = element('span', 'row-label', '');
+    label.title = title;
+    if (ext.kind !== 'gpu' || !title.startsWith(short)) {
+      label.textContent = title;
+      return label;
+    }
+    label.append(element('span', 'row-short', short), element('span', 'row-rest', title.slice(short.length)));
+    label.classList.toggle('unbookable', !ext.bookable);
+    label.dataset.full = title;
+    if (NARROW.matches) {
+      label.tabIndex = 0;  // on a phone the keyboard (or a tap) is how the full name is reached
+    }
+    return label;
+  }
+
+  NARROW.addEventListener('change', () => {
+    for (const label of calendarEl.querySelectorAll('.row-label[data-full]')) {
+      NARROW.matches ? (label.tabIndex = 0) : label.removeAttribute('tabindex');
+    }
+  });
+
+  function showRowTip(label) {
+    const box = label.getBoundingClientRect();
+    rowTip.textContent = label.dataset.full;
+    rowTip.style.left = `${Math.max(4, box.left)}px`;
+    rowTip.style.top = `${box.bottom + 2}px`;
+    rowTip.hidden = false;
+  }
+
+  calendarEl.addEventListener('focusin', (jsEvent) => {
+    const label = jsEvent.target.closest?.('.row-label[data-full]');
+    if (label && NARROW.matches) {
+      showRowTip(label);
+    }
+  });
+  calendarEl.addEventListener('focusout', () => { rowTip.hidden = true; });
+
+  /** The tip is placed on the page (it would be clipped inside the grid): it follows its label's moves. */
+  function followRowTip() {
+    const label = document.activeElement;
+    if (!rowTip.hidden && label?.matches?.('.row-label[data-full]')) {
+      showRowTip(label);
+    }
+  }
+  window.addEventListener('scroll', followRowTip, {passive: true});
+
+  // --- where the grid opens, and its scroll shadows (see "Opening on now") -----------------------
+
+  const frameEl = $('calendar-frame');
+  const hintEl = $('scroll-hint');
+  const HINT_KEY = 'gpu-calendar-scrolled';
+  let placedLeft = null;  // where placeView put the grid: a scroll away from it is the person's
+
+  const mainOf = () => calendarEl.querySelector('.ec-main');
+  const sidebarOf = (main) => main.querySelector('.ec-header .ec-sidebar')?.offsetWidth ?? 0;
+
+  /** Scrolls the grid to where this range opens: now at a third when it starts today, else its first morning. */
+  function placeView() {
+    const main = mainOf();
+    if (!main) {
+      return;
+    }
+    const view = calendar.getView();
+    const from = msOf(wallOf(view.activeStart));
+    const to = msOf(wallOf(view.activeEnd));
+    const sidebar = sidebarOf(main);
+    const perMs = (main.scrollWidth - sidebar) / (to - from);
+    const visible = main.clientWidth - sidebar;
+    const now = Date.now();
+    let left;
+    if (now >= from && now < from + DAY_MS) {
+      left = (now - from) * perMs - visible / 3;
+    } else {
+      left = view.type === VIEWS[0] ? FIRST_MORNING_HOUR * HOUR_MS * perMs : 0;
+    }
+    // To the nearest label's edge, so that the first label shows whole.
+    const step = main.querySelector('.ec-header .ec-slot')?.getBoundingClientRect().width || HOUR_MS * perMs;
+    left = Math.max(0, Math.min(Math.round(left / step) * step, main.scrollWidth - main.clientWidth));
+    main.scrollLeft = left;
+    placedLeft = main.scrollLeft;
+    showEdges();
+  }
+
+  /** Shadows on the grid's edges where more hours lie beyond them; labels cut by an edge hidden. */
+  function showEdges() {
+    const main = mainOf();
+    if (!main) {
+      return;
+    }
+    const frame = frameEl.getBoundingClientRect();
+    const box = main.getBoundingClientRect();
+    const sidebar = sidebarOf(main);
+    const room = main.scrollWidth - main.clientWidth;
+    const left = Math.abs(main.scrollLeft);
+    // Day names and hour labels keep to their column's visible part (calendar.css), so only the last
+    // sliver of a column, narrower than its label, cuts one: that label goes rather than show "0:00".
+    const from = box.left + sidebar - 0.5;
+    const to = box.left + main.clientWidth + 0.5;
+    for (const label of main.querySelectorAll('.ec-header time')) {
+      const at = label.getBoundingClientRect();
+      label.style.visibility = at.left < from || at.right > to ? 'hidden' : '';
+    }
+    frameEl.style.setProperty('--edge-top', `${box.top - frame.top}px`);
+    frameEl.style.setProperty('--edge-height', `${main.clientHeight}px`);
+    frameEl.style.setProperty('--edge-start', `${box.left - frame.left + sidebar}px`);
+    frameEl.style.setProperty('--edge-end', `${frame.right - box.left - main.clientWidth}px`);
+    frameEl.classList.toggle('more-before', left > 1);
+    frameEl.classList.toggle('more-after', left < room - 1);
+  }
+
+  function hideHint() {
+    hintEl.hidden = true;
+    try {
+      localStorage.setItem(HINT_KEY, '1');
+    } catch {
+      // Storage may be off: the hint comes back on the next visit then.
+    }
+  }
+
+  try {
+    hintEl.hidden = localStorage.getItem(HINT_KEY) === '1';
+  } catch {
+    hintEl.hidden = false;
+  }
+
+  let edgesQueued = false;
+  // Scroll events do not bubble, but a capturing listener sees those of the grid, whichever view drew it.
+  calendarEl.addEventListener('scroll', (jsEvent) => {
+    if (!jsEvent.target.classList?.contains('ec-main')) {
+      return;
+    }
+    followRowTip();
+    if (!hintEl.hidden && placedLeft !== null && Math.abs(jsEvent.target.scrollLeft - placedLeft) > 24) {
+      hideHint();
+    }
+    if (!edgesQueued) {
+      edgesQueued = true;
+      requestAnimationFrame(() => {
+        edgesQueued = false;
+        showEdges();
+      });
+    }
+  }, true);
+  new ResizeObserver(() => showEdges()).observe(calendarEl);
+
+  /** "Today": today's range, scrolled as on opening (EventCalendar's own button is off while today shows). */
+  function goToday() {
+    calendar.setOption('date', wallAt(Date.now()).slice(0, 10));
+    requestAnimationFrame(placeView);
+  }
+
   // --- the calendar ----------------------------------------------------------------------------
 
   function savedView() {
@@ -760,8 +945,9 @@
     // Today in the reader's zone, not the browser's: at 23:30 UTC a Berlin laptop is already on
     // tomorrow, and the calendar opened there.
     date: nowWall.slice(0, 10),
-    headerToolbar: {start: 'prev,next today', center: 'title', end: VIEWS.join(',')},
-    buttonText: (text) => ({...text, today: 'Today', resourceTimelineDay: 'Day', resourceTimelineWeek: 'Week'}),
+    headerToolbar: {start: 'prev,next now', center: 'title', end: VIEWS.join(',')},
+    customButtons: {now: {text: 'Today', click: goToday}},
+    buttonText: (text) => ({...text, resourceTimelineDay: 'Day', resourceTimelineWeek: 'Week'}),
     timeZone: OFFSET,
     firstDay: 1,
     height: 'max(28rem, calc(100vh - 15rem))',
@@ -770,18 +956,26 @@
     // Each view loads exactly its range (the day view does not reuse the week's data): runs span it.
     lazyFetching: false,
     nowIndicator: true,
-    scrollTime: `${pad(Math.max(0, Number(nowWall.slice(11, 13)) - 2))}:00:00`,
+    // Roughly where placeView() puts the grid once it is drawn (EventCalendar scrolls first).
+    scrollTime: `${pad(Math.max(0, Number(nowWall.slice(11, 13)) - 6))}:00:00`,
     slotDuration: grid,
     snapDuration: grid,
     slotLabelFormat: {hour: '2-digit', minute: '2-digit', hourCycle: 'h23'},
     eventTimeFormat: {hour: '2-digit', minute: '2-digit', hourCycle: 'h23'},
     views: {
-      resourceTimelineDay: {slotDuration: grid, slotWidth: 14, slotLabelInterval: '01:00'},
+      resourceTimelineDay: {
+        duration: {days: DAY_VIEW_DAYS}, dateIncrement: {days: 1},
+        slotDuration: grid, slotWidth: 14, slotLabelInterval: '01:00',
+        dayHeaderFormat: {weekday: 'long', day: 'numeric', month: 'long'},
+      },
+      // Seven days from its date (a duration in days, not weeks, is not moved back to firstDay).
       resourceTimelineWeek: {
+        duration: {days: 7},
         slotDuration: '01:00', slotWidth: 12, slotLabelInterval: '06:00',
         dayHeaderFormat: {weekday: 'short', day: 'numeric', month: 'short'},
       },
     },
+    resourceLabelContent: ({resource}) => ({domNodes: [rowLabel(resource)]}),
     selectable: true,
     selectConstraint: (info) => msOf(info.startStr) >= floorToGrid(Date.now()),
     select: onSelect,
@@ -803,6 +997,8 @@
     },
     loading: (busy) => calendarEl.setAttribute('aria-busy', String(busy)),
     datesSet: (info) => {
+      placedLeft = null;  // EventCalendar's own scroll to the new range is not the person's
+      requestAnimationFrame(placeView);  // once EventCalendar has drawn the new range and scrolled it
       try {
         localStorage.setItem(VIEW_KEY, info.view.type);
       } catch {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -466,18 +467,30 @@ def test_broker_users_are_on_unless_a_lab_opts_out():
 # -- the demo -------------------------------------------------------------------------------------------------
 
 
-def test_demo_configs_carry_the_nodes_own_user_and_are_rewritten_when_it_changes(broker, db, tmp_path):
+@pytest.fixture
+def demo_device_root() -> Iterator[str]:
+    """Where demo_agents may put stand-in device files: a folder others may traverse, never the real /var/tmp."""
+    parent = tempfile.mkdtemp(prefix="gpbt-demo-", dir="/tmp")
+    os.chmod(parent, 0o755)  # noqa: S103 - demo_agents refuses a root the demo users cannot reach
+    yield os.path.join(parent, "gpubook-demo")
+    shutil.rmtree(parent)
+
+
+def test_demo_configs_carry_the_nodes_own_user_and_are_rewritten_when_it_changes(
+    broker, db, tmp_path, demo_device_root
+):
     node = node_with_gpus(2, name="gpu-a")
-    call_command("demo_agents", "--dir", str(tmp_path), stdout=StringIO())
+    options = ("--dir", str(tmp_path), "--device-root", demo_device_root)
+    call_command("demo_agents", *options, stdout=StringIO())
     first = (tmp_path / "gpu-a.conf").read_text()
     assert "BROKER_URL=redis://node-gpu-a:" in first
     out = StringIO()
-    call_command("demo_agents", "--dir", str(tmp_path), stdout=out)
+    call_command("demo_agents", *options, stdout=out)
     assert "(kept)" in out.getvalue()
 
     Node.objects.filter(pk=node.pk).update(broker_password_hash="0" * 64)  # a broker password no longer valid
     out = StringIO()
-    call_command("demo_agents", "--dir", str(tmp_path), stdout=out)
+    call_command("demo_agents", *options, stdout=out)
     assert "(kept)" not in out.getvalue()
     assert (tmp_path / "gpu-a.conf").read_text() != first
 

@@ -114,6 +114,7 @@ def test_a_booking_is_one_event_on_all_its_gpus_with_the_holders_name(alice, bob
         "can_release": False,
         "can_extend": False,
         "extends": None,
+        "url": None,
     }
 
 

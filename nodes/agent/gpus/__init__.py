@@ -92,12 +92,28 @@ class GpuBackend(Protocol):
 def open_configured_backend(config: Any) -> GpuBackend:
     """The backend an AgentConfig names (nodes/agent/config.py), opened."""
     return open_backend(
-        config.backend, device_dir=config.device_dir, node_name=config.node_name, simulated_gpus=config.simulated_gpus
+        config.backend,
+        device_dir=config.device_dir,
+        node_name=config.node_name,
+        simulated_gpus=config.simulated_gpus,
+        simulated={
+            "model": config.simulated_model,
+            "memory_mib": config.simulated_memory_mib,
+            "power_w": config.simulated_power_w,
+        },
     )
 
 
-def open_backend(kind: str, *, device_dir: str, node_name: str, simulated_gpus: int = 4) -> GpuBackend:
-    """Open the backend the agent's config names; BackendUnavailable when it cannot run here."""
+def open_backend(
+    kind: str,
+    *,
+    device_dir: str,
+    node_name: str,
+    simulated_gpus: int = 4,
+    simulated: dict[str, Any] | None = None,
+) -> GpuBackend:
+    """Open the backend the agent's config names; BackendUnavailable when it cannot run here. ``simulated``:
+    the simulated cards' ``model``, ``memory_mib`` and ``power_w`` (each optional)."""
     if kind == "nvml":
         from nodes.agent.gpus.nvml import NvmlBackend
 
@@ -105,5 +121,5 @@ def open_backend(kind: str, *, device_dir: str, node_name: str, simulated_gpus: 
     if kind == "simulated":
         from nodes.agent.gpus.simulated import SimulatedBackend
 
-        return SimulatedBackend(device_dir=device_dir, node_name=node_name, count=simulated_gpus)
+        return SimulatedBackend(device_dir=device_dir, node_name=node_name, count=simulated_gpus, **(simulated or {}))
     raise ValueError(f"GPU backend must be one of {', '.join(BACKENDS)}, not {kind!r}")

@@ -14,6 +14,7 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 
+from nodes.agent.gpus.simulated import MEMORY_TOTAL_MIB, process_mib
 from tests.nodes.agent.harness import AgentRun, PrivateRedis, RecordingPortal, acl_users, lease, now, wait_for
 
 pytestmark = pytest.mark.usefixtures("unix_users")
@@ -286,7 +287,9 @@ def test_the_agent_reports_heartbeat_and_telemetry_with_process_owners(make_agen
 
     assert wait_for(busy_sample, timeout=10)
     sample = busy_sample()
-    assert sample["processes"] == [{"pid": job.pid, "user": alice.name, "used_memory_mib": 1024}]
+    assert sample["processes"] == [
+        {"pid": job.pid, "user": alice.name, "used_memory_mib": process_mib(MEMORY_TOTAL_MIB, 1)}
+    ]
     assert sample["utilization_pct"] > 0
     assert wait_for(lambda: any(b["acls"].get(agent.uuid(0)) == [alice.name] for b in portal.received["heartbeat"]), 5)
     heartbeat = portal.received["heartbeat"][-1]

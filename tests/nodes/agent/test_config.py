@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from nodes.agent.config import AgentConfig, ConfigError, config_from_values, load_config
+from nodes.agent.gpus import open_configured_backend
 
 REQUIRED = {
     "NODE_NAME": "gpu-a100",
@@ -247,6 +248,53 @@ def test_bad_periods_are_refused(key, raw, message):
 def test_bad_simulated_gpu_counts_are_refused(raw, message):
     with pytest.raises(ConfigError, match=f"SIMULATED_GPUS must be {message}"):
         config_from_values({**REQUIRED, "SIMULATED_GPUS": raw})
+
+
+def test_the_simulated_cards_come_from_the_config_and_reach_the_backend(tmp_path):
+    path = config_file(
+        tmp_path,
+        BACKEND="simulated",
+        SIMULATED_GPUS="2",
+        SIMULATED_MODEL="NVIDIA A100-SXM4-80GB",
+        SIMULATED_MEMORY_MIB="81920",
+        SIMULATED_POWER_W="400",
+        DEVICE_DIR=str(tmp_path / "dev"),
+    )
+    config = load_config(path, environ={"GPUBOOK_SIMULATED_POWER_W": "412.5"})
+    assert (config.simulated_model, config.simulated_memory_mib) == ("NVIDIA A100-SXM4-80GB", 81920)
+    assert config.simulated_power_w == 412.5
+
+    backend = open_configured_backend(config)
+    assert [(gpu.name, gpu.memory_total_mib) for gpu in backend.gpus()] == [("NVIDIA A100-SXM4-80GB", 81920)] * 2
+    assert backend.sample()[0].power_w == round(412.5 * 0.15, 1)
+
+
+def test_without_them_a_simulated_card_is_the_default_one():
+    config = config_from_values({**REQUIRED, "BACKEND": "simulated", "SIMULATED_MODEL": ""})
+    assert (config.simulated_model, config.simulated_memory_mib, config.simulated_power_w) == (
+        "Simulated GPU",
+        24576,
+        300.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "raw", "message"),
+    [
+        ("SIMULATED_MODEL", "A100\tSXM", "SIMULATED_MODEL must be printable text"),
+        ("SIMULATED_MODEL", "x" * 101, "at most 100 characters"),
+        ("SIMULATED_MEMORY_MIB", "80GB", "SIMULATED_MEMORY_MIB must be a whole number"),
+        ("SIMULATED_MEMORY_MIB", "4", "SIMULATED_MEMORY_MIB must be between 5 and 4194304"),
+        ("SIMULATED_MEMORY_MIB", "8388608", "SIMULATED_MEMORY_MIB must be between 5 and 4194304"),
+        ("SIMULATED_POWER_W", "lots", "SIMULATED_POWER_W must be a number of watts"),
+        ("SIMULATED_POWER_W", "0", "more than 0 and at most 5000"),
+        ("SIMULATED_POWER_W", "nan", "more than 0 and at most 5000"),
+        ("SIMULATED_POWER_W", "inf", "more than 0 and at most 5000"),
+    ],
+)
+def test_bad_simulated_cards_are_refused_by_name(key, raw, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_values({**REQUIRED, "BACKEND": "simulated", key: raw})
 
 
 @pytest.mark.parametrize(

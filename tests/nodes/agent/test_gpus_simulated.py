@@ -14,7 +14,9 @@ import pytest
 
 from nodes.agent import procfs
 from nodes.agent.gpus import BackendUnavailable, GpuBackend, open_backend
-from nodes.agent.gpus.simulated import BASE_MIB, PROCESS_MIB, simulated_uuid
+from nodes.agent.gpus.simulated import BASE_MIB, MEMORY_TOTAL_MIB, process_mib, simulated_uuid
+
+PROCESS_MIB = process_mib(MEMORY_TOTAL_MIB, 1)  # one holder on a default card
 
 UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 HOLD_OPEN = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(120)"
@@ -103,7 +105,7 @@ def test_idle_gpus_report_idle_numbers(backend):
         assert sample.utilization_pct == 0
         assert sample.memory_used_mib == BASE_MIB
         assert (sample.temperature_c, sample.slowdown_temperature_c) == (30, 90)
-        assert sample.power_w == 60.0
+        assert sample.power_w == 45.0  # 15 % of the default 300 W limit
         assert sample.ecc_errors_uncorrected == 0
         assert sample.missing == ()
 
@@ -118,7 +120,7 @@ def test_a_process_holding_the_device_file_runs_on_that_gpu_only(backend, hold_o
     assert samples[busy.uuid].memory_used_mib == BASE_MIB + PROCESS_MIB
     assert 60 <= samples[busy.uuid].utilization_pct <= 100
     assert samples[busy.uuid].temperature_c > 30
-    assert samples[busy.uuid].power_w > 60
+    assert samples[busy.uuid].power_w > 45
     for gpu in idle:
         assert samples[gpu.uuid].processes == ()
         assert samples[gpu.uuid].utilization_pct == 0
@@ -174,3 +176,52 @@ def test_open_backend_names_the_allowed_kinds(device_dir):
 def test_a_simulated_node_needs_a_gpu(device_dir):
     with pytest.raises(ValueError, match="at least one GPU"):
         open_backend("simulated", device_dir=device_dir, node_name="gpu-demo", simulated_gpus=0)
+
+
+def test_the_cards_are_the_model_memory_and_power_limit_the_config_names(device_dir, hold_open):
+    """An 80 GB A100 reads "x / 80.0 GB" (81920 MiB), idles at 15 % of its 400 W and fills a share of its memory."""
+    backend = open_backend(
+        "simulated",
+        device_dir=device_dir,
+        node_name="gpu-a100",
+        simulated_gpus=2,
+        simulated={"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "power_w": 400.0},
+    )
+    busy, idle = backend.gpus()
+    assert {(gpu.name, gpu.memory_total_mib) for gpu in backend.gpus()} == {("NVIDIA A100-SXM4-80GB", 81920)}
+    hold_open(backend.device_path(busy.uuid))
+    samples = {sample.uuid: sample for sample in backend.sample()}
+
+    assert samples[idle.uuid].memory_total_mib == 81920
+    assert (samples[idle.uuid].memory_used_mib, samples[idle.uuid].power_w) == (BASE_MIB, 60.0)
+    assert samples[busy.uuid].memory_total_mib == 81920
+    assert samples[busy.uuid].memory_used_mib == BASE_MIB + 32768  # 40 % of the card: a job on an A100
+    assert samples[busy.uuid].processes[0].used_memory_mib == 32768
+    assert 60.0 < samples[busy.uuid].power_w <= 360.0  # never above 90 % of the limit
+
+
+def test_many_holders_never_use_more_memory_than_the_card_has(device_dir, hold_open):
+    backend = open_backend(
+        "simulated", device_dir=device_dir, node_name="gpu-demo", simulated_gpus=1, simulated={"memory_mib": 24564}
+    )
+    path = backend.device_path(backend.gpus()[0].uuid)
+    for _ in range(4):
+        hold_open(path)
+    sample = backend.sample()[0]
+    assert len(sample.processes) == 4
+    assert sample.memory_used_mib <= 24564
+    assert sum(process.used_memory_mib for process in sample.processes) + BASE_MIB == sample.memory_used_mib
+
+
+@pytest.mark.parametrize(
+    ("card", "message"),
+    [
+        ({"memory_mib": 4}, "memory must be"),
+        ({"memory_mib": 5 * 1024 * 1024}, "memory must be"),
+        ({"power_w": 0.0}, "power limit must be"),
+        ({"power_w": 6000.0}, "power limit must be"),
+    ],
+)
+def test_impossible_cards_are_refused(device_dir, card, message):
+    with pytest.raises(ValueError, match=message):
+        open_backend("simulated", device_dir=device_dir, node_name="gpu-demo", simulated=card)
