@@ -15,8 +15,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounting.report import DIMENSIONS, demand_by_hour_of_week, peak_hours, usage_report
-from portal.api_schema import READ_ERRORS
-from portal.fields import AwareDateTimeField
+from kernel.api_schema import READ_ERRORS
+from kernel.fields import AwareDateTimeField
 
 DEFAULT_DAYS = 30
 

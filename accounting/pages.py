@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from accounting.api import DEFAULT_DAYS, demand_payload, report_payload
 from accounting.report import DIMENSIONS
-from portal.fields import validate_day
+from kernel.fields import validate_day
 
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 DIMENSION_LABELS = {"user": "Person", "group": "Group", "node": "Node", "gpu": "GPU"}
@@ -36,7 +36,7 @@ class PeriodForm(forms.Form):
     """Whole days in the reader's zone: from the first day's midnight to the day after the last."""
 
     # validate_day: a day near the calendar's edge overflows once read as midnight in the reader's
-    # zone or moved by a day (portal/fields.py).
+    # zone or moved by a day (kernel/fields.py).
     start = forms.DateField(widget=forms.DateInput(attrs={"type": "date"}), validators=[validate_day])
     end = forms.DateField(
         widget=forms.DateInput(attrs={"type": "date"}), label="Until (inclusive)", validators=[validate_day]

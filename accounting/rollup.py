@@ -20,9 +20,9 @@ from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from accounting.models import UsageHour
+from kernel.locks import advisory_xact_lock
 from nodes.models import GpuMinute
 from nodes.usage import busy_minutes
-from portal.locks import advisory_xact_lock
 from reservations.models import Allocation, Reservation
 
 RECENT = timedelta(hours=2)

@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 from accounts.models import ApiToken
 from accounts.serializers import ApiTokenSerializer, MeSerializer, NewApiTokenSerializer
 from accounts.services import api_token_create, api_token_revoke
-from portal.api_schema import ERRORS, READ_ERRORS
+from kernel.api_schema import ERRORS, READ_ERRORS
 from reservations.limits import WEEK, Period, busiest_week, effective_limits, peak_gpus
 from reservations.selectors import held_periods
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from portal.fields import AwareDateTimeField
+from kernel.fields import AwareDateTimeField
 
 
 class LimitUsageSerializer(serializers.Serializer):

@@ -34,7 +34,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.utils.formats import date_format
 
-from portal.redis_client import redis_client
+from kernel.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
 

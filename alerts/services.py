@@ -47,6 +47,7 @@ from alerts.jobs import job_states
 from alerts.models import Alert, AlertStreak
 from alerts.selectors import alert_data
 from audit.services import audit_record
+from kernel.locks import advisory_xact_lock
 from live import broadcast
 from nodes.models import AgentState, Gpu, GpuMinute, GpuTelemetry, Node, NodeEvent
 from nodes.usage import busy_minutes
@@ -54,7 +55,6 @@ from notifications.hooks import send_after_commit
 from notifications.mail import send_templated
 from notifications.models import Kind as MailKind
 from notifications.services import notification_enqueue
-from portal.locks import advisory_xact_lock
 from reservations.models import Allocation, Reservation
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 from feeds.selectors import feed_listing
 from feeds.serializers import FeedsSerializer
 from feeds.services import feed_urls_rotate
-from portal.api_schema import ERRORS, READ_ERRORS
+from kernel.api_schema import ERRORS, READ_ERRORS
 
 
 def _feeds(request: Request, user: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
 from accounts.services import hash_token
+from kernel.api_schema import ERRORS
 from nodes.agent_serializers import (
     AgentSnapshotSerializer,
     EventsSerializer,
@@ -32,7 +33,6 @@ from nodes.leases import node_snapshot
 from nodes.models import Node
 from nodes.reports import agent_events_record, agent_heartbeat_record, telemetry_record
 from nodes.services import AGENT_TOKEN_PREFIX
-from portal.api_schema import ERRORS
 
 log = logging.getLogger(__name__)
 

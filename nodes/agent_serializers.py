@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from kernel.fields import AwareDateTimeField
 from nodes.models import NodeEvent
-from portal.fields import AwareDateTimeField
 
 MAX_GPUS = 256
 USER = {"max_length": 32}

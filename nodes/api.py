@@ -10,11 +10,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from kernel.api_schema import READ_ERRORS
 from nodes import selectors
 from nodes.models import Gpu, Node, memory_gb_to_mib
 from nodes.serializers import FleetStatusSerializer, GpuSerializer, NodeSerializer
 from nodes.status import fleet_status, for_viewer
-from portal.api_schema import READ_ERRORS
 
 
 @extend_schema_view(

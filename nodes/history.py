@@ -14,7 +14,7 @@ from datetime import datetime
 
 import redis
 
-from portal.redis_client import redis_client
+from kernel.redis_client import redis_client
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from kernel.redis_client import redis_client
 from nodes.agent.worker import APPLY_SNAPSHOT_TASK, queue_name
 from nodes.leases import node_snapshot
 from nodes.models import Node
-from portal.redis_client import redis_client
 
 log = logging.getLogger(__name__)
 

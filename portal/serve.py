@@ -7,7 +7,7 @@ Run it with daphne's own arguments, as the Procfile, the Dockerfile and docker-c
 Plain ``daphne`` writes its access log straight to stdout, past every logging filter, and a calendar
 feed's URL is its secret (``GET /feeds/17.mine.<mac>.ics``). Here each access line goes to the
 ``daphne.access`` logger instead, so settings.LOGGING applies to it: the RedactSecrets filter
-(portal/logs.py) takes the secret out, and LOG_FORMAT=json makes it one JSON object like every other
+(kernel/logs.py) takes the secret out, and LOG_FORMAT=json makes it one JSON object like every other
 line. The line itself is daphne's (client, request line, status, size); it goes to stderr, at INFO.
 """
 

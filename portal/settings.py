@@ -15,7 +15,7 @@ import dj_database_url
 import dj_email_url
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import envbool, envchoice, envint, envlist, envstr
+from kernel.env import envbool, envchoice, envint, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("VAR_DIR", str(BASE_DIR / "var")))
@@ -354,9 +354,9 @@ REST_FRAMEWORK = {
     # Scripts and the browser both send JSON; one parser means one set of failure modes.
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "portal.pagination.Pagination",
+    "DEFAULT_PAGINATION_CLASS": "kernel.pagination.Pagination",
     "PAGE_SIZE": 100,
-    "DEFAULT_THROTTLE_CLASSES": ["portal.throttling.TokenRateThrottle", "rest_framework.throttling.AnonRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["kernel.throttling.TokenRateThrottle", "rest_framework.throttling.AnonRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {
         "user": envstr("API_RATE_PER_TOKEN", "1200/minute"),
         "anon": envstr("API_RATE_ANONYMOUS", "60/minute"),
@@ -364,7 +364,7 @@ REST_FRAMEWORK = {
     },
     # The anonymous rate is per client address: the same address the login lockouts use (NUM_PROXIES).
     "NUM_PROXIES": NUM_PROXIES,
-    "EXCEPTION_HANDLER": "portal.api.exception_handler",
+    "EXCEPTION_HANDLER": "kernel.api.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DATETIME_FORMAT": "iso-8601",
 }
@@ -518,10 +518,10 @@ FEED_FUTURE_DAYS = envint("FEED_FUTURE_DAYS", 90)
 FEED_RATE_PER_HOUR = envint("FEED_RATE_PER_HOUR", 60)
 
 # Logs go to stderr: plain lines, or with LOG_FORMAT=json one JSON object per line (time, level,
-# logger, message, and the request or Celery task where there is one; portal/logs.py).
+# logger, message, and the request or Celery task where there is one; kernel/logs.py).
 _formatters = {
     "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-    "json": {"()": "portal.logs.JsonFormatter"},
+    "json": {"()": "kernel.logs.JsonFormatter"},
 }
 LOG_FORMAT = envchoice("LOG_FORMAT", "plain", tuple(_formatters))
 LOGGING = {
@@ -529,8 +529,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {LOG_FORMAT: _formatters[LOG_FORMAT]},
     # Secrets in request paths (calendar feed URLs) are redacted from every line, whichever logger
-    # wrote it: Django's request logger, daphne's access log (portal/serve.py), Celery (portal/logs.py).
-    "filters": {"redact_secrets": {"()": "portal.logs.RedactSecrets"}},
+    # wrote it: Django's request logger, daphne's access log (portal/serve.py), Celery (kernel/logs.py).
+    "filters": {"redact_secrets": {"()": "kernel.logs.RedactSecrets"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["redact_secrets"]}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
     "loggers": {

@@ -32,6 +32,6 @@ urlpatterns = [
     path("", include("metrics.urls")),
 ]
 
-handler400 = "portal.api.bad_request"
-handler404 = "portal.api.not_found"
-handler500 = "portal.api.server_error"
+handler400 = "kernel.api.bad_request"
+handler404 = "kernel.api.not_found"
+handler500 = "kernel.api.server_error"

@@ -15,9 +15,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from kernel.api_schema import ERRORS, READ_ERRORS
+from kernel.fields import AwareDateTimeField
 from nodes.models import Node, memory_gb_to_mib
-from portal.api_schema import ERRORS, READ_ERRORS
-from portal.fields import AwareDateTimeField
 from reservations import selectors, services
 from reservations.availability import earliest_windows
 from reservations.exceptions import InvalidBooking, SlotConflict

@@ -41,9 +41,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from kernel.api_schema import READ_ERRORS
+from kernel.fields import AwareDateTimeField
 from nodes.models import BOOKABLE_GPUS, Gpu, Node, mib_to_gb
-from portal.api_schema import READ_ERRORS
-from portal.fields import AwareDateTimeField
 from reservations.constraints import TsTzRange
 from reservations.models import Allocation, MaintenanceWindow, Reservation
 from reservations.permissions import allowed_actions

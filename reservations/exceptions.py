@@ -7,31 +7,29 @@ machine-readable name the API returns.
 
 from __future__ import annotations
 
-from typing import Any
+from rest_framework import status
+
+from kernel.api import DomainError
 
 
-class BookingError(Exception):
+class BookingError(DomainError):
+    """``http_status`` is what the API answers (kernel/api.py's exception handler)."""
+
     code = "booking_error"
-
-    def __init__(self, message: str, **details: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.details = details
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class InvalidBooking(BookingError):
     """The request itself is wrong (times, GPUs, purpose): fix it and try again."""
 
     code = "invalid"
+    http_status = status.HTTP_400_BAD_REQUEST
 
 
 class SlotConflict(BookingError):
     """Another live booking holds part of the slot. ``details["conflicts"]`` lists them."""
 
     code = "slot_conflict"
+    http_status = status.HTTP_409_CONFLICT
 
 
 class MaintenanceConflict(SlotConflict):
@@ -44,21 +42,26 @@ class LimitExceeded(BookingError):
     """A limit refuses the booking. ``details`` has ``limit``, ``used``, ``asked`` and ``allowed``."""
 
     code = "limit_exceeded"
+    http_status = status.HTTP_403_FORBIDDEN
 
 
 class NotAllowed(BookingError):
     """The actor may not do this to this reservation."""
 
     code = "not_allowed"
+    http_status = status.HTTP_403_FORBIDDEN
 
 
 class InvalidState(BookingError):
     """The reservation is not in a state that allows this (already cancelled, already over...)."""
 
     code = "invalid_state"
+    http_status = status.HTTP_409_CONFLICT
 
 
 class BookingBusy(BookingError):
     """The GPUs were locked by other bookings for too long; retrying shortly will work."""
 
     code = "busy"
+    http_status = status.HTTP_503_SERVICE_UNAVAILABLE
+    retry_after = "2"

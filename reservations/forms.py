@@ -8,7 +8,7 @@ from typing import Any
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS
 
-from portal.fields import moment_problem, validate_moment
+from kernel.fields import moment_problem, validate_moment
 from reservations.exceptions import InvalidBooking
 
 EXTEND_HOURS = (1, 2, 4)
@@ -47,7 +47,7 @@ class ExtendForm(forms.Form):
         if self.cleaned_data.get("end") is not None:
             return self.cleaned_data["end"]
         # The current end is the database's: one written before the portal kept to its calendar
-        # (portal/fields.py) could be so late that adding hours overflows. Refuse it in words.
+        # (kernel/fields.py) could be so late that adding hours overflows. Refuse it in words.
         if moment_problem(current_end):
             raise InvalidBooking("This booking ends outside the dates the portal takes: it cannot be extended.")
         return current_end + timedelta(hours=self.cleaned_data["hours"])

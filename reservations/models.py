@@ -7,8 +7,8 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from kernel.fields import moment_problem
 from nodes.models import Gpu, Node
-from portal.fields import moment_problem
 from reservations.constraints import PostgresExclusionConstraint, TsTzRange
 
 
@@ -147,7 +147,7 @@ class MaintenanceWindow(models.Model):
         return f"{target} maintenance {self.start:%Y-%m-%d %H:%M}–{self.end:%Y-%m-%d %H:%M}"
 
     def clean(self) -> None:
-        # The dates every booking keeps to (portal/fields.py): a window ending near the year 9999
+        # The dates every booking keeps to (kernel/fields.py): a window ending near the year 9999
         # overflowed wherever it is shown in a zone east of UTC (a booking refused because of it).
         problems = {name: moment_problem(value) for name in ("start", "end") if (value := getattr(self, name))}
         if any(problems.values()):

@@ -10,7 +10,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from portal.fields import AwareDateTimeField
+from kernel.fields import AwareDateTimeField
 from reservations.models import Reservation
 from reservations.selectors import pending_extension
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from django.conf import settings
 from django.utils import dateformat, timezone
 
-from portal.fields import moment_problem
+from kernel.fields import moment_problem
 from reservations.exceptions import InvalidBooking
 
 
@@ -29,7 +29,7 @@ def ceil_to_grid(moment: datetime) -> datetime:
 
 
 def require_in_calendar(moment: datetime, field: str) -> None:
-    """Refuse an aware time outside the dates the portal takes (portal.fields.moment_problem) as an
+    """Refuse an aware time outside the dates the portal takes (kernel.fields.moment_problem) as an
     invalid booking naming ``field``: the grid, the limits and every message about the slot add to
     it or show it in a reader's zone, which would overflow near the years 1 and 9999."""
     problem = moment_problem(moment)

@@ -3,7 +3,7 @@
 Schemathesis draws a ``format: date-time`` value from the whole RFC 3339 range (years 0001-9999,
 offsets up to ±23:59), but its draws cluster on ordinary dates: in a minute of fuzzing it never sent
 a booking ending 9999-12-31T23:59Z, an extension to 9999-12-31T23:59:59Z or availability after
-9999-12-30, each of which answered 500 until the portal kept to its calendar (portal/fields.py,
+9999-12-30, each of which answered 500 until the portal kept to its calendar (kernel/fields.py,
 issue 14). This module replaces the strategy for every date-time parameter and body field of the
 schema with one that mixes such values in: the last and first minutes datetime can hold, far-future
 and far-past times, offsets no zone has (+23:59, -23:59, +14:01) and offsets the parser refuses

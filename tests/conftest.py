@@ -42,7 +42,7 @@ def fresh_token_throttle():
     outlives a test, and the frozen clock puts many tests in the same minute: each test starts with
     none counted, so one test's wrong tokens never throttle another's."""
     from accounts.throttling import FAILED_TOKENS_PATTERN
-    from portal.redis_client import redis_client
+    from kernel.redis_client import redis_client
 
     for key in redis_client().scan_iter(FAILED_TOKENS_PATTERN):
         redis_client().delete(key)

@@ -1,4 +1,4 @@
-"""LOG_FORMAT=json: every record is one line holding one JSON object (portal/logs.py)."""
+"""LOG_FORMAT=json: every record is one line holding one JSON object (kernel/logs.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 from django.test import RequestFactory
 
+from kernel.logs import JsonFormatter
 from portal.celery import app
-from portal.logs import JsonFormatter
 from tests.test_settings import run
 
 

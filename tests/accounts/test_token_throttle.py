@@ -8,7 +8,7 @@ import pytest
 from django.test import Client, override_settings
 
 from accounts.services import api_token_create, api_token_revoke
-from portal.redis_client import redis_client
+from kernel.redis_client import redis_client
 
 ME = "/api/v1/me/"
 WRONG = "gpb_" + "x" * 40

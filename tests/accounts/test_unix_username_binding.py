@@ -16,9 +16,9 @@ from accounts.services import (
     unix_username_request,
 )
 from audit.models import AuditEntry
+from kernel.redis_client import redis_client
 from nodes.leases import node_leases
 from nodes.pushes import PENDING_KEY
-from portal.redis_client import redis_client
 from reservations.exceptions import InvalidBooking
 from reservations.services import reservation_create
 from tests.conftest import MONDAY_9, at

@@ -1,6 +1,6 @@
 """A feed URL is its own key, so no log line may hold one: Django's request logger, daphne's access
 log (portal/serve.py), JSON lines, Celery and tracebacks all go through the console handler's
-RedactSecrets filter (portal/logs.py). Each test reads what the real, configured handler wrote."""
+RedactSecrets filter (kernel/logs.py). Each test reads what the real, configured handler wrote."""
 
 from __future__ import annotations
 

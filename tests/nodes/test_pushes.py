@@ -8,13 +8,13 @@ import pytest
 from django.db import transaction
 from django.test import override_settings
 
+from kernel.redis_client import redis_client
 from nodes import pushes
 from nodes.agent.signing import verify
 from nodes.agent.worker import APPLY_SNAPSHOT_TASK
 from nodes.models import Node
 from nodes.services import node_rotate_credentials
 from nodes.tasks import push_all_leases, push_node_leases
-from portal.redis_client import redis_client
 from reservations.models import Reservation
 from reservations.services import reservation_cancel, reservation_create
 from tests.conftest import at

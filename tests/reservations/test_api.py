@@ -252,7 +252,7 @@ def test_only_json_bodies_are_accepted(alice, gpus):
 def test_throttling_is_per_token(alice, node, monkeypatch):
     from django.core.cache import cache
 
-    from portal.throttling import TokenRateThrottle
+    from kernel.throttling import TokenRateThrottle
 
     cache.clear()
     monkeypatch.setattr(TokenRateThrottle, "rate", "2/minute", raising=False)

@@ -1,7 +1,7 @@
 """Times at the edges of the calendar (the years 1 and 9999, offsets no zone has) answer 400 in words.
 
 Each of these inputs reached datetime arithmetic (the grid snap, a search horizon, a report's default
-period, a reader's zone) and answered 500 (OverflowError). The rule (portal/fields.py): the portal
+period, a reader's zone) and answered 500 (OverflowError). The rule (kernel/fields.py): the portal
 takes times from 1970-01-01 to 2999-12-31 UTC, with offsets from -12:00 to +14:00. Every surface a
 person or a script uses is tried here: the API with a token, the pages and admin with a session.
 """

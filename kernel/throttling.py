@@ -1,4 +1,4 @@
-"""API throttling. Kept apart from portal/api.py: DRF imports this while defining its views."""
+"""API throttling. Kept apart from kernel/api.py: DRF imports this while defining its views."""
 
 from __future__ import annotations
 

@@ -19,27 +19,27 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from reservations import exceptions as booking
 
-BOOKING_STATUS = {
-    booking.InvalidBooking: status.HTTP_400_BAD_REQUEST,
-    booking.SlotConflict: status.HTTP_409_CONFLICT,
-    booking.InvalidState: status.HTTP_409_CONFLICT,
-    booking.LimitExceeded: status.HTTP_403_FORBIDDEN,
-    booking.NotAllowed: status.HTTP_403_FORBIDDEN,
-    booking.BookingBusy: status.HTTP_503_SERVICE_UNAVAILABLE,
-}
+class DomainError(Exception):
+    """An error of an app's own rules (a booking refused, ...) that the API answers with ``http_status``,
+    ``code`` and the message and details a person can act on. Apps subclass it; the kernel never needs
+    to know their classes (reservations/exceptions.py)."""
+
+    code = "error"
+    http_status = status.HTTP_400_BAD_REQUEST
+    retry_after: str | None = None  # seconds, for an error that retrying soon cures
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "details": details or {}}}
-
-
-def _status_for(exc: booking.BookingError) -> int:
-    for cls in type(exc).__mro__:
-        if cls in BOOKING_STATUS:
-            return BOOKING_STATUS[cls]
-    return status.HTTP_400_BAD_REQUEST
 
 
 def _flatten(detail: Any) -> Any:
@@ -51,10 +51,10 @@ def _flatten(detail: Any) -> Any:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, booking.BookingError):
-        response = Response(error_body(exc.code, exc.message, exc.details), status=_status_for(exc))
-        if isinstance(exc, booking.BookingBusy):
-            response["Retry-After"] = "2"
+    if isinstance(exc, DomainError):
+        response = Response(error_body(exc.code, exc.message, exc.details), status=exc.http_status)
+        if exc.retry_after:
+            response["Retry-After"] = exc.retry_after
         return response
     response = drf_exception_handler(exc, context)
     if response is None:
