@@ -2,11 +2,12 @@ from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from accounting.api import DemandView, UsageReportView
-from accounts.api import ApiTokenViewSet, MeView
+from accounts.api import ApiTokenViewSet
 from nodes.agent_api import EventsView, HeartbeatView, SnapshotView, TelemetryView
 from nodes.api import FleetStatusView, GpuViewSet, NodeViewSet
 from reservations.api import AvailabilityView, ReservationViewSet
 from reservations.calendar import CalendarDataView
+from reservations.me import MeView
 
 router = DefaultRouter()
 router.register("nodes", NodeViewSet, basename="node")
