@@ -30,7 +30,7 @@ from datetime import datetime
 
 from nodes.agent import procfs
 from nodes.agent.accounts import AccountCheck
-from nodes.agent.gpus.simulated import demo_device_dir
+from nodes.agent.gpus.simulated import closed_to_others, demo_device_dir
 from nodes.agent.usernames import valid_username
 from reservations.models import Allocation, Reservation
 
@@ -140,15 +140,9 @@ def open_to_others(path: str, *, execute: bool = False) -> bool:
     try:
         if execute and not (os.path.isfile(path) and os.stat(path).st_mode & stat.S_IXOTH):
             return False
-        folder = os.path.dirname(path)
-        while True:
-            if not os.stat(folder).st_mode & stat.S_IXOTH:
-                return False
-            if folder == os.path.dirname(folder):
-                return True
-            folder = os.path.dirname(folder)
     except OSError:
         return False
+    return closed_to_others(os.path.dirname(path)) is None
 
 
 def skip_reason(python: str | None) -> str | None:

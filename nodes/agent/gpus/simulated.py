@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 import uuid
 from collections.abc import Iterable
 
@@ -52,6 +53,22 @@ def simulated_uuid(node_name: str, index: int) -> str:
 def demo_device_dir(root: str, node_name: str) -> str:
     """Where the demo puts ``node_name``'s stand-in device files under ``root``."""
     return os.path.join(root, node_name, "dev")
+
+
+def closed_to_others(path: str) -> tuple[str, OSError | None, int] | None:
+    """The first folder from ``path`` up to / that other users cannot pass through (its stat error, or its
+    mode), or None when all let them: the demo users' jobs must reach their stand-in files."""
+    folder = path
+    while True:
+        try:
+            mode = os.stat(folder).st_mode
+        except OSError as error:
+            return folder, error, 0
+        if not mode & stat.S_IXOTH:
+            return folder, None, mode
+        if folder == os.path.dirname(folder):
+            return None
+        folder = os.path.dirname(folder)
 
 
 def busy_utilization(processes: int, index: int, tick: int) -> int:

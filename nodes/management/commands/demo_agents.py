@@ -28,7 +28,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.services import hash_token
 from nodes.agent.config import ConfigError, config_from_values, read_config_file
-from nodes.agent.gpus.simulated import DEMO_DEVICE_ROOT, MAX_MODEL_CHARS, POWER_LIMIT_W, demo_device_dir
+from nodes.agent.gpus.simulated import (
+    DEMO_DEVICE_ROOT,
+    MAX_MODEL_CHARS,
+    POWER_LIMIT_W,
+    closed_to_others,
+    demo_device_dir,
+)
 from nodes.broker_users import BrokerUserError, broker_url_still_valid
 from nodes.models import Gpu, Node
 from nodes.services import node_rotate_credentials
@@ -140,16 +146,16 @@ class Command(BaseCommand):
     def _reachable(self, path: Path) -> None:
         """Every folder above the device root must let others through, or the demo users' jobs never reach
         their files (a checkout under /root, for one, does not)."""
-        for folder in (path, *path.parents):
-            try:
-                mode = os.stat(folder).st_mode
-            except OSError as error:
-                raise CommandError(f"cannot use --device-root under {path}: {folder}: {error.strerror}") from error
-            if not mode & stat.S_IXOTH:
-                raise CommandError(
-                    f"--device-root must be where every user can reach it: {folder} is closed to others "
-                    f"(mode {stat.S_IMODE(mode):04o}). Choose one under /var/tmp or /run"
-                )
+        closed = closed_to_others(str(path))
+        if closed is None:
+            return
+        folder, error, mode = closed
+        if error is not None:
+            raise CommandError(f"cannot use --device-root under {path}: {folder}: {error.strerror}") from error
+        raise CommandError(
+            f"--device-root must be where every user can reach it: {folder} is closed to others "
+            f"(mode {stat.S_IMODE(mode):04o}). Choose one under /var/tmp or /run"
+        )
 
 
 def _simulated_lines(node: Node, cards: list[Gpu], *, home: Path, device_dir: Path, options: dict[str, Any]) -> str:
