@@ -138,11 +138,7 @@ class RecordingPortal:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        if tls:
-            self.url = local_ca().serve_tls(self.server)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.url = serve(Handler, tls=tls)
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         found = [event for body in list(self.received["events"]) for event in body["events"]]
@@ -205,15 +201,22 @@ class Redirector:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        if tls:
-            self.url = local_ca().serve_tls(self.server)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.url = serve(Handler, tls=tls)
 
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def serve(handler: type[BaseHTTPRequestHandler], *, tls: bool) -> tuple[ThreadingHTTPServer, str]:
+    """``handler`` served on a free local port in a thread of its own (over the test CA's TLS with ``tls``),
+    and the URL to reach it."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    if tls:
+        url = local_ca().serve_tls(server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, url
 
 
 class PrivateRedis:
