@@ -19,18 +19,24 @@ RUN apt-get update \
 
 WORKDIR /app
 
-# Dependencies first, from pyproject.toml alone, so a code change does not reinstall them.
+# Dependencies first, from the two pyproject.toml files alone (the portal's and the node agent's, agent/),
+# so a code change does not reinstall them. The portal's dependency on gpubook-agent is the agent below.
 COPY pyproject.toml README.md ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+COPY agent/pyproject.toml agent/README.md agent/
+RUN python -c "import re, tomllib; deps = [d for f in ('pyproject.toml', 'agent/pyproject.toml') \
+for d in tomllib.load(open(f, 'rb'))['project']['dependencies']]; \
+print('\n'.join(d for d in deps if re.match(r'[A-Za-z0-9._-]+', d).group() != 'gpubook-agent'))" \
         > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
-# The code; `pip install .` adds the console scripts (gpubook, gpubook-agent). PYTHONPATH=/app makes
-# the source tree the copy that is imported: templates/ and static/ live beside it, not in the wheel.
+# The code: the agent's distribution first (the gpubook-agent script), then the portal's (gpubook).
+# PYTHONPATH=/app makes the source tree the copy of the portal that is imported: templates/ and static/
+# live beside it, not in the wheel.
 COPY . .
-RUN pip install --no-deps . \
-    && rm -rf build *.egg-info \
+RUN pip install --no-deps ./agent \
+    && pip install --no-deps . \
+    && rm -rf build *.egg-info agent/build agent/*.egg-info \
     && SECRET_KEY=collectstatic-at-build-time-only python manage.py collectstatic --noinput -v0 \
     && mkdir -p var/agents \
     && chown -R portal:portal var

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounting.report import DIMENSIONS, demand_by_hour_of_week, peak_hours, usage_report
+from accounts.http import AuthenticatedRequest
 from kernel.api_schema import READ_ERRORS
 from kernel.fields import AwareDateTimeField
 
@@ -55,7 +56,7 @@ class DemandParams(PeriodParams):
 
 class UsageRowSerializer(serializers.Serializer):
     key = serializers.IntegerField(allow_null=True, help_text="The person's, group's, node's or GPU's id.")
-    label = serializers.CharField()
+    label = serializers.CharField()  # type: ignore[assignment]  # a field named "label"; the stubs see Field.label
     bookings = serializers.IntegerField()
     booked_gpu_hours = serializers.FloatField()
     used_gpu_hours = serializers.FloatField(help_text="Booked minutes whose mean utilisation reached the threshold.")
@@ -138,7 +139,7 @@ class DemandView(APIView):
         ],
         responses={200: DemandSerializer, **READ_ERRORS},
     )
-    def get(self, request: Request) -> Response:
+    def get(self, request: AuthenticatedRequest) -> Response:
         data = _params(DemandParams, request)
         zone = data.get("zone") or request.user.zone.key
         return Response(demand_payload(start=data["start"], end=data["end"], zone=zone, viewer=request.user))

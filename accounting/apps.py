@@ -8,9 +8,10 @@ class AccountingConfig(AppConfig):
     def ready(self) -> None:
         # A booking's page shows its usage so far; reservations is below us and must not import us.
         from accounting.reservation_usage import reservation_usage
-        from reservations.detail_parts import Part, register
+        from kernel.page_parts import Part
+        from reservations.detail_parts import booking_page_parts
 
-        register(
+        booking_page_parts.register(
             Part(
                 name="usage",
                 title="Usage so far",

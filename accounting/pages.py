@@ -44,7 +44,8 @@ class PeriodForm(forms.Form):
     by = forms.ChoiceField(choices=[(d, DIMENSION_LABELS[d]) for d in DIMENSIONS], initial="user", label="Rows")
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()  # returns cleaned_data, which the stubs type as optional
+        data = self.cleaned_data
         start, end = data.get("start"), data.get("end")
         if start and end:
             if end < start:

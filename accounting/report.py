@@ -142,8 +142,8 @@ def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: d
         target.booked_gpu_hours, target.bookings = _hours(item["booked"]), item["bookings"]
         target.released_early = item["released"]
 
-    for item in usage.values(key=F(_USAGE_KEY[by])).annotate(used=Sum("used_minutes")).order_by():
-        row(item["key"]).used_gpu_hours = (item["used"] or 0) / 60
+    for used_item in usage.values(key=F(_USAGE_KEY[by])).annotate(used=Sum("used_minutes")).order_by():
+        row(used_item["key"]).used_gpu_hours = (used_item["used"] or 0) / 60
 
     reported = UsageHour.objects.filter(reservation=OuterRef("reservation"), minutes_reported__gt=0)
     used = UsageHour.objects.filter(reservation=OuterRef("reservation"), used_minutes__gt=0)
@@ -152,13 +152,13 @@ def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: d
         .filter(Exists(reported))
         .exclude(Exists(used))
     )
-    for item in (
+    for no_show in (
         no_shows.values(key=F(_ALLOCATION_KEY[by]))
         .annotate(count=Count("reservation", distinct=True), booked=Sum(overlap))
         .order_by()
     ):
-        target = row(item["key"])
-        target.no_shows, target.no_show_gpu_hours = item["count"], _hours(item["booked"])
+        target = row(no_show["key"])
+        target.no_shows, target.no_show_gpu_hours = no_show["count"], _hours(no_show["booked"])
 
     _label(rows, by)
     ordered = sorted(rows.values(), key=lambda r: (-r.booked_gpu_hours, r.label))
@@ -179,7 +179,8 @@ def _label(rows: dict[int | None, ReportRow], by: str) -> None:
             for pk, node, index in Gpu.objects.filter(pk__in=keys).values_list("pk", "node__name", "index")
         }
     for key, row in rows.items():
-        row.label = names.get(key, "(no group)" if by == "group" and key is None else f"#{key}")
+        fallback = "(no group)" if by == "group" and key is None else f"#{key}"
+        row.label = names.get(key, fallback) if key is not None else fallback
 
 
 # --- demand by hour of the week ----------------------------------------------------------------

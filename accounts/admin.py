@@ -1,7 +1,14 @@
+from __future__ import annotations
+
+from typing import Any
+
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
 from django.contrib.auth.forms import UserChangeForm
+from django.db.models import QuerySet
+from django.forms import ModelForm
+from django.http import HttpRequest
 
 from accounts.models import ApiToken, User
 
@@ -10,10 +17,10 @@ class UnixUsernameRequestFilter(admin.SimpleListFilter):
     title = "unix username request"
     parameter_name = "unix_request"
 
-    def lookups(self, request, model_admin):  # type: ignore[no-untyped-def]
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
         return [("waiting", "waiting for confirmation")]
 
-    def queryset(self, request, queryset):  # type: ignore[no-untyped-def]
+    def queryset(self, request: HttpRequest, queryset: QuerySet[User]) -> QuerySet[User]:
         return queryset.exclude(unix_username_requested="") if self.value() == "waiting" else queryset
 
 
@@ -39,7 +46,7 @@ class UserAdmin(DjangoUserAdmin):
     list_filter = (*DjangoUserAdmin.list_filter, UnixUsernameRequestFilter)
     search_fields = ("username", "unix_username", "unix_username_requested", "email", "first_name", "last_name")
     fieldsets = (
-        *DjangoUserAdmin.fieldsets,
+        *(DjangoUserAdmin.fieldsets or ()),
         ("GPU nodes", {"fields": ("unix_username", "unix_username_requested")}),
         ("Institutional login", {"fields": ("oidc_sub",)}),
     )
@@ -53,19 +60,19 @@ class UserAdmin(DjangoUserAdmin):
     # page, or by typing it into "unix username" here.
     actions = ["refuse_unix_usernames"]
 
-    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def get_readonly_fields(self, request: HttpRequest, obj: User | None = None) -> list[str]:
         readonly = [*super().get_readonly_fields(request, obj), "unix_username_requested"]
         if settings.UNIX_USERNAME_SOURCE == "directory":
             readonly.append("unix_username")  # never editable in the portal: the directory says
         return readonly
 
-    def save_model(self, request, obj, form, change):  # type: ignore[no-untyped-def]
+    def save_model(self, request: HttpRequest, obj: User, form: ModelForm[User], change: bool) -> None:
         if obj.unix_username and obj.unix_username == obj.unix_username_requested:
             obj.unix_username_requested = ""  # the admin typed in what was asked: granted
         super().save_model(request, obj, form, change)
 
     @admin.action(description="Refuse the requested unix usernames", permissions=["change"])
-    def refuse_unix_usernames(self, request, queryset):  # type: ignore[no-untyped-def]
+    def refuse_unix_usernames(self, request: HttpRequest, queryset: QuerySet[User]) -> None:
         from accounts.services import UnixUsernameError, unix_username_refuse
 
         for user in queryset.exclude(unix_username_requested=""):
@@ -88,11 +95,11 @@ class ApiTokenAdmin(admin.ModelAdmin):
     exclude = ("key_hash",)
     actions = ["revoke_selected"]
 
-    def has_add_permission(self, request):  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
     @admin.action(description="Revoke selected tokens", permissions=["change"])
-    def revoke_selected(self, request, queryset):  # type: ignore[no-untyped-def]
+    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
         from accounts.services import api_token_revoke
 
         for token in queryset.filter(revoked_at=None):

@@ -7,9 +7,9 @@ from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
-from rest_framework.request import Request
 from rest_framework.response import Response
 
+from accounts.http import AuthenticatedRequest
 from accounts.models import ApiToken
 from accounts.serializers import ApiTokenSerializer, NewApiTokenSerializer
 from accounts.services import api_token_create, api_token_revoke
@@ -29,11 +29,12 @@ class ApiTokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     serializer_class = ApiTokenSerializer
     queryset = ApiToken.objects.none()  # for the schema; get_queryset() keeps to the caller's own
     lookup_value_regex = r"[0-9]{1,18}"
+    request: AuthenticatedRequest  # the API's default permission, IsAuthenticated, lets no one else in
 
     def get_queryset(self) -> QuerySet[ApiToken]:
         return ApiToken.objects.filter(user=self.request.user).order_by("-created_at")
 
-    def create(self, request: Request) -> Response:
+    def create(self, request: AuthenticatedRequest) -> Response:
         serializer = ApiTokenSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         try:
@@ -49,5 +50,5 @@ class ApiTokenViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         return Response(data, status=status.HTTP_201_CREATED)
 
     @action(detail=True, methods=["post"])
-    def revoke(self, request: Request, pk: str | None = None) -> Response:
+    def revoke(self, request: AuthenticatedRequest, pk: str | None = None) -> Response:
         return Response(ApiTokenSerializer(api_token_revoke(token=self.get_object(), actor=request.user)).data)

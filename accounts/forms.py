@@ -70,7 +70,7 @@ class ProfileForm(forms.ModelForm):
         return self.cleaned_data["unix_username_requested"].strip()
 
     def profile_changes(self) -> dict[str, Any]:
-        return {name: self.cleaned_data[name] for name in self.changed_data if name in self._meta.fields}
+        return {name: self.cleaned_data[name] for name in self.changed_data if name in self.Meta.fields}
 
 
 class TokenForm(forms.Form):

@@ -1,4 +1,5 @@
-"""The profile page: unix username, time zone, reminders, personal API tokens and calendar feeds.
+"""The profile page: unix username, time zone, reminders, personal API tokens, and the parts other apps add
+(accounts/profile_parts.py: calendar feeds).
 
 A new token is shown once, on the response to the form that created it (marked no-store); it is
 never put in the session, in a message or in a redirect, and the database keeps only its hash.
@@ -11,7 +12,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpResponse, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -19,7 +20,9 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.forms import ProfileForm, TokenForm
+from accounts.http import AuthenticatedHttpRequest
 from accounts.models import ApiToken, User
+from accounts.profile_parts import profile_parts
 from accounts.services import (
     UnixUsernameError,
     api_token_create,
@@ -30,13 +33,12 @@ from accounts.services import (
     user_profile_update,
     who_sets_unix_usernames,
 )
-from feeds.selectors import feed_listing
-from feeds.services import feed_urls_rotate
+from kernel.page_parts import assets
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def profile(request: HttpRequest) -> HttpResponse:
+def profile(request: AuthenticatedHttpRequest) -> HttpResponse:
     # A fresh copy: a form that fails validation must not leave its values on request.user.
     user = User.objects.get(pk=request.user.pk)
     if request.method != "POST":
@@ -84,7 +86,7 @@ def _describe(form: ProfileForm) -> str:
 
 @login_required
 @require_POST
-def token_create(request: HttpRequest) -> HttpResponse:
+def token_create(request: AuthenticatedHttpRequest) -> HttpResponse:
     form = TokenForm(request.POST)
     if form.is_valid():
         days = form.cleaned_data["expires_in_days"]
@@ -103,7 +105,7 @@ def token_create(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
-def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+def token_revoke(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
     token = get_object_or_404(ApiToken, pk=pk, user=request.user)
     if token.revoked_at is not None:
         messages.info(request, f"Token “{token.name}” was already revoked.")
@@ -113,20 +115,8 @@ def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("profile")
 
 
-@login_required
-@require_POST
-def feeds_rotate(request: HttpRequest) -> HttpResponse:
-    feed_urls_rotate(user=request.user, actor=request.user)
-    messages.success(
-        request,
-        "New calendar feed URLs: the old ones now answer “not found”. "
-        "Give the new URL to each calendar that subscribed to an old one.",
-    )
-    return redirect(f"{reverse('profile')}#feeds-h")
-
-
 def _render(
-    request: HttpRequest,
+    request: AuthenticatedHttpRequest,
     profile_form: ProfileForm,
     token_form: TokenForm | None = None,
     *,
@@ -134,7 +124,7 @@ def _render(
 ) -> HttpResponse:
     now = timezone.now()
     tokens = [(token, token.state(now)) for token in ApiToken.objects.filter(user=request.user)]
-    feeds = feed_listing(request.user, request.build_absolute_uri)
+    parts = profile_parts.shown(request=request)
     context = {
         "nav": "profile",
         "form": profile_form,
@@ -142,8 +132,8 @@ def _render(
         "tokens": tokens,
         "new_token": new_token,
         "me_url": request.build_absolute_uri(reverse("api:me")),
-        "feeds": feeds.feeds,
-        "feeds_rotated_at": feeds.rotated_at,
+        "parts": parts,
+        "part_assets": assets(parts),
         "who_sets_unix_usernames": who_sets_unix_usernames(),
     }
     return render(request, "accounts/profile.html", context)
@@ -151,7 +141,7 @@ def _render(
 
 @login_required
 @require_POST
-def unix_username_decide(request: HttpRequest, pk: int, decision: str) -> HttpResponse:
+def unix_username_decide(request: AuthenticatedHttpRequest, pk: int, decision: str) -> HttpResponse:
     """An admin confirms or refuses a person's unix username request (the approvals page)."""
     if decision not in ("confirm", "refuse"):
         raise Http404(f"No decision {decision!r}.")

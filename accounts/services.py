@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -25,7 +25,7 @@ def hash_token(token: str) -> str:
 
 
 def api_token_create(
-    *, user: Any, name: str, expires_at: datetime | None = None, actor: Any | None = None
+    *, user: User, name: str, expires_at: datetime | None = None, actor: Any | None = None
 ) -> tuple[ApiToken, str]:
     """Create a token; returns the record and the token itself, which is never stored."""
     name = (name or "").strip()
@@ -109,7 +109,7 @@ def who_sets_unix_usernames() -> str:
     }[unix_username_source()]
 
 
-def _checked(name: Any) -> str:
+def _checked(name: object) -> str:
     if not isinstance(name, str):
         raise UnixUsernameError("The unix username must be text.")
     name = name.strip()
@@ -207,7 +207,14 @@ def _require_username_admin(actor: Any) -> None:
         )
 
 
-def _write_unix_username(user: User, name: str | None, *, actor: Any, action: str, before: dict[str, Any]) -> None:
+class _UnixUsernameRow(TypedDict):
+    """The user's unix username columns before a change: for the audit entry and the announcement."""
+
+    unix_username: str | None
+    unix_username_requested: str
+
+
+def _write_unix_username(user: User, name: str | None, *, actor: Any, action: str, before: _UnixUsernameRow) -> None:
     """Inside a transaction: the new unix username, the request cleared when it is granted."""
     holder = _holder(name, other_than=user) if name else None
     if holder is not None:

@@ -24,7 +24,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from django.conf import settings
 from django.contrib import messages
@@ -37,7 +37,8 @@ from accounts.sso import check_unix_username, refusal
 
 logger = logging.getLogger(__name__)
 
-_SUBJECT_MAX_LENGTH = User._meta.get_field("oidc_sub").max_length
+# A CharField, so it has a max_length (get_field() is typed for every kind of field).
+_SUBJECT_MAX_LENGTH = cast(int, User._meta.get_field("oidc_sub").max_length)
 
 
 def _verified_email(claims: dict[str, Any]) -> str:

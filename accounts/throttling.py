@@ -163,7 +163,8 @@ class LoginLockoutMiddleware:
 
 
 def _locked_out(request: HttpRequest) -> bool:
-    return bool(settings.AXES_ENABLED and getattr(request, "axes_locked_out", False))
+    # AXES_ENABLED is django-axes' setting, defaulted by axes.conf rather than in portal/settings.py.
+    return bool(getattr(settings, "AXES_ENABLED", True) and getattr(request, "axes_locked_out", False))
 
 
 # --- API tokens --------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Validators of user fields. The unix username's syntax lives in ``nodes.agent.usernames``,
+"""Validators of user fields. The unix username's syntax lives in ``gpubook_agent.usernames``,
 shared with the node agent (which imports nothing from Django); which names are refused outright
 is a setting (UNIX_USERNAME_DENYLIST)."""
 
@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 
 # One rule for both sides: the agent's module is plain Python, so the portal imports it (as it
 # does the snapshot signing) rather than keeping a copy.
-from nodes.agent.usernames import UNIX_USERNAME_RE
+from gpubook_agent.usernames import UNIX_USERNAME_RE
 
 
 def validate_unix_username(value: str) -> None:

@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from alerts.jobs import job_states
 from alerts.models import Alert, PeriodicJob
+from alerts.records import alert_resolve_by_admin
 from alerts.selectors import alert_summary
-from alerts.services import alert_resolve_by_admin
 
 
 class OpenFilter(admin.SimpleListFilter):

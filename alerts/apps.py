@@ -10,7 +10,7 @@ class AlertsConfig(AppConfig):
     def ready(self) -> None:
         from celery.signals import task_success
 
-        from alerts import receivers  # noqa: F401 - reacts to account changes (accounts/signals.py)
+        from alerts import receivers  # noqa: F401 - reacts to node reports and account changes
         from alerts.jobs import on_task_success
 
         # Every process connects it; only a worker ever sends it.

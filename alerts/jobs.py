@@ -9,7 +9,7 @@ beat's runs say that beat is alive.
 
 A job is late when its last success, or before its first one the moment the portal started watching
 it, is more than LATE_PERIODS periods old, and at least LATE_AT_LEAST (so that a 10-second job is
-not called late for a beat restart). Agent heartbeats check (alerts.services.alerts_check_jobs_if_due,
+not called late for a beat restart). Agent heartbeats check (alerts.conditions.alerts_check_jobs_if_due,
 at most every JOBS_LATE_CHECK_SECONDS per process): a path that does not depend on beat.
 
 This module is imported by portal/celery.py before Django is set up: models are imported where used.

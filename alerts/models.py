@@ -1,6 +1,6 @@
 """Alerts for admins: a record per condition (a hot GPU, an offline node, a violation, periodic
 jobs late...), open while it lasts, then resolved; the streaks that decide when a condition read
-from telemetry becomes an alert (alerts/services.py); and the periodic jobs' last successes
+from telemetry becomes an alert (alerts/conditions.py); and the periodic jobs' last successes
 (alerts/jobs.py)."""
 
 from __future__ import annotations

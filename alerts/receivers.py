@@ -1,7 +1,12 @@
-"""What alerts does when accounts announce a change (accounts/signals.py)."""
+"""What alerts does when nodes report (nodes/signals.py) and accounts change (accounts/signals.py).
+
+The node receivers run in the report's own phase (``.in_transaction``): the alerts they open or resolve
+are written with the report, as when ingest called them directly.
+"""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Q
@@ -9,8 +14,25 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from accounts.signals import unix_username_changed, user_deactivated
+from alerts.conditions import (
+    alerts_check_jobs_if_due,
+    alerts_evaluate_readings,
+    alerts_from_events,
+    alerts_gpu_returned,
+    alerts_node_online,
+    alerts_nodes_offline,
+)
 from alerts.models import Alert
-from alerts.services import alerts_resolve
+from alerts.records import alerts_resolve
+from nodes.models import Gpu, GpuTelemetry, Node, NodeEvent
+from nodes.signals import (
+    gpu_returned,
+    node_back_online,
+    node_events_recorded,
+    node_reported,
+    nodes_went_offline,
+    telemetry_received,
+)
 
 
 def _refusals_of(user_id: int, *usernames: str | None) -> Any:
@@ -30,3 +52,34 @@ def account_refusals_fixed(sender: type, user_id: int, before: str | None, **kwa
 @receiver(user_deactivated)
 def account_refusals_moot(sender: type, user_id: int, **kwargs: Any) -> None:
     alerts_resolve(_refusals_of(user_id), now=timezone.now(), resolution="the account was deactivated")
+
+
+@receiver(node_reported.in_transaction)
+def check_jobs_on_heartbeat(sender: type, now: datetime, **kwargs: Any) -> None:
+    """Heartbeats arrive every few seconds whether beat lives or not: the moment to see it is late."""
+    alerts_check_jobs_if_due(now=now)
+
+
+@receiver(telemetry_received.in_transaction)
+def readings_reported(sender: type, node: Node, readings: list[GpuTelemetry], now: datetime, **kwargs: Any) -> None:
+    alerts_evaluate_readings(node=node, readings=readings, now=now)
+
+
+@receiver(node_events_recorded.in_transaction)
+def events_reported(sender: type, node: Node, acting: list[NodeEvent], now: datetime, **kwargs: Any) -> None:
+    alerts_from_events(node=node, events=acting, now=now)
+
+
+@receiver(nodes_went_offline.in_transaction)
+def nodes_silent(sender: type, node_ids: list[int], now: datetime, **kwargs: Any) -> None:
+    alerts_nodes_offline(node_ids=node_ids, now=now)
+
+
+@receiver(node_back_online.in_transaction)
+def node_back(sender: type, node: Node, now: datetime, **kwargs: Any) -> None:
+    alerts_node_online(node=node, now=now)
+
+
+@receiver(gpu_returned.in_transaction)
+def gpu_back_in_service(sender: type, gpu: Gpu, actor: Any, **kwargs: Any) -> None:
+    alerts_gpu_returned(gpu=gpu, actor=actor)

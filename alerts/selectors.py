@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
@@ -19,11 +21,17 @@ def open_alerts_data(limit: int = 200) -> list[dict[str, Any]]:
     return [alert_data(alert) for alert in open_alerts()[:limit]]
 
 
-def _iso(moment: Any) -> str | None:
+def alerts_data(*, alert_ids: Sequence[int]) -> list[dict[str, Any]]:
+    """These alerts as the status page's "alerts" topic shows them (what changed, as committed)."""
+    alerts = Alert.objects.filter(pk__in=alert_ids).select_related("node", "gpu")
+    return [alert_data(alert) for alert in alerts]
+
+
+def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
 
 
-DEFAULT_SUMMARIES = {
+DEFAULT_SUMMARIES: dict[str, str] = {
     Alert.Kind.VIOLATION: "processes on a GPU its user has no booking for",
     Alert.Kind.LEFTOVER: "processes still running after the slot ended",
     Alert.Kind.UNKILLABLE: "processes could not be ended: the GPU is drained",

@@ -1,19 +1,16 @@
-"""Celery tasks of alerts: thin adapters over alerts.services, run by beat (portal/celery.py) and,
-for staff mail, as soon as an alert opens."""
+"""Celery tasks of alerts: thin adapters over alerts/idle.py and alerts/staff_mail.py, run by beat
+(portal/celery.py) and, for staff mail (alerts.mail_staff, in alerts/staff_mail.py), as soon as an alert opens."""
 
 from __future__ import annotations
 
 from celery import shared_task
 from django.utils import timezone
 
-from alerts.services import alerts_check_idle, alerts_mail_staff
+from alerts.idle import alerts_check_idle
 
-
-@shared_task(name="alerts.mail_staff", ignore_result=True)
-def mail_staff() -> int:
-    """After an alert opens, and beat every minute: staff mail for alerts not mailed yet (each once,
-    within ALERT_MAILS_PER_KIND_PER_HOUR). A failed send gives its alerts back for the next run."""
-    return alerts_mail_staff(now=timezone.now())
+# The staff mail task lives beside what it sends (it is queued from there too); imported here so
+# that the worker registers it.
+from alerts.staff_mail import mail_staff  # noqa: F401
 
 
 @shared_task(name="alerts.check_idle", ignore_result=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.db import models
@@ -14,8 +15,8 @@ def audit_record(
     actor: Any | None,
     action: str,
     target: models.Model,
-    before: dict[str, Any] | None = None,
-    after: dict[str, Any] | None = None,
+    before: Mapping[str, Any] | None = None,
+    after: Mapping[str, Any] | None = None,
     reason: str = "",
 ) -> AuditEntry:
     actor_obj = actor if actor is not None and getattr(actor, "pk", None) else None

@@ -35,15 +35,15 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.* and the portal
 
 from bench.benchdb import percentile_ms
-from nodes.agent.config import config_from_values
-from nodes.agent.enforcer import Enforcer
-from nodes.agent.gpus import open_backend
-from nodes.agent.main import telemetry_body
-from nodes.agent.signing import signed
-from nodes.agent.store import SnapshotStore
+from gpubook_agent.config import config_from_values
+from gpubook_agent.enforcer import Enforcer
+from gpubook_agent.gpus import open_backend
+from gpubook_agent.main import telemetry_body
+from gpubook_agent.signing import signed
+from gpubook_agent.store import SnapshotStore
 
 
 def main() -> None:

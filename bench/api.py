@@ -42,26 +42,23 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import os
 import random
-import re
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from benchdb import (
-    REPO_ROOT,
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.* and the portal
+
+from bench._server import Client, print_server_exceptions, serving
+from bench.benchdb import (
     allow_booking_ahead,
     bulk_load,
     copy_reservations,
@@ -70,12 +67,9 @@ from benchdb import (
     execute,
     open_database,
     percentile_ms,
+    postgres_version,
+    run_together,
 )
-
-HOST = "127.0.0.1"
-RATE = "100000000/minute"
-SERVER_START_TIMEOUT = 60.0
-REQUEST_TIMEOUT = 120.0
 
 # Booking over HTTP.
 MAX_CLIENTS = 16
@@ -99,7 +93,6 @@ OWNER_COUNT = 20
 READER = "bench-api-reader"
 GPU_MODELS = (("NVIDIA A100-SXM4-80GB", 81920), ("NVIDIA H100 80GB HBM3", 81559), ("NVIDIA L40S", 46068))
 SEED = 20240601
-EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception): ")  # a traceback's last line
 READ_URLS = (
     "/api/v1/gpus/",
     "/api/v1/gpus/?limit=1000",
@@ -314,124 +307,7 @@ def data_set_summary() -> str:
     return f"allocations: {current} current, {upcoming} upcoming, {past} past"
 
 
-# --- the server -----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def daphne_path() -> str:
-    beside = Path(sys.executable).parent / "daphne"
-    return str(beside if beside.exists() else REPO_ROOT / ".venv" / "bin" / "daphne")
-
-
-def start_server(url: str, port: int, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    env = os.environ | {
-        "DATABASE_URL": url,
-        "DEBUG": "0",
-        "API_RATE_PER_TOKEN": RATE,
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
-    }
-    command = [daphne_path(), "-b", HOST, "-p", str(port), "portal.asgi:application"]
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
-
-
-def wait_for_server(server: subprocess.Popen[bytes], port: int) -> None:
-    """Return once the server answers any HTTP request; raise if it exits or takes too long."""
-    deadline = time.monotonic() + SERVER_START_TIMEOUT
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"daphne exited with status {server.returncode}")
-        try:
-            conn = http.client.HTTPConnection(HOST, port, timeout=5)
-            conn.request("GET", "/api/v1/")
-            conn.getresponse().read()
-            conn.close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"daphne did not answer within {SERVER_START_TIMEOUT:.0f} s")
-
-
-def stop_server(server: subprocess.Popen[bytes]) -> None:
-    if server.poll() is not None:
-        return
-    server.terminate()
-    try:
-        server.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
-
-
-def print_log_tail(log: IO[bytes], lines: int = 30) -> None:
-    log.flush()
-    log.seek(0)
-    tail = log.read().decode(errors="replace").splitlines()[-lines:]
-    print("daphne log (tail):", *tail, sep="\n  ", file=sys.stderr)
-
-
-@contextmanager
-def serving(url: str, port: int | None = None, log: IO[bytes] | None = None) -> Iterator[tuple[int, IO[bytes]]]:
-    """daphne on ``url``'s database, on ``port`` (a free one if None), up and answering; yields
-    (port, log). The tail of its log is printed if anything inside fails; it is stopped on the way
-    out. ``log`` takes the server's output: pass one to read it afterwards, else a temporary file
-    is used and closed with the block."""
-    with ExitStack() as stack:
-        if log is None:
-            log = stack.enter_context(tempfile.TemporaryFile())
-        port = port or free_port()
-        server = start_server(url, port, log)
-        try:
-            wait_for_server(server, port)
-            yield port, log
-        except Exception:
-            print_log_tail(log)
-            raise
-        finally:
-            stop_server(server)
-
-
-def print_server_exceptions(log: IO[bytes]) -> None:
-    """The exceptions the server logged (the last line of each traceback), with their counts."""
-    log.flush()
-    log.seek(0)
-    lines = log.read().decode(errors="replace").splitlines()
-    found = Counter(line.strip() for line in lines if EXCEPTION_LINE.match(line))
-    if found:
-        print("exceptions in the daphne log:")
-    for line, count in found.most_common(MAX_ERRORS_SHOWN):
-        print(f"  {count} x {line[:300]}")
-
-
 # --- HTTP clients ---------------------------------------------------------------------------
-
-
-class Client:
-    """One keep-alive connection with a bearer token; reconnects if the server drops it."""
-
-    def __init__(self, port: int, token: str) -> None:
-        self.port = port
-        self.headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
-        self.conn = http.client.HTTPConnection(HOST, port, timeout=REQUEST_TIMEOUT)
-
-    def send(self, method: str, path: str, payload: dict[str, Any] | None = None) -> tuple[int, bytes]:
-        body = json.dumps(payload).encode() if payload is not None else None
-        headers = self.headers | ({"Content-Type": "application/json"} if body is not None else {})
-        try:
-            self.conn.request(method, path, body=body, headers=headers)
-            response = self.conn.getresponse()
-            return response.status, response.read()
-        except (OSError, http.client.HTTPException):
-            self.conn.close()
-            self.conn = http.client.HTTPConnection(HOST, self.port, timeout=REQUEST_TIMEOUT)
-            raise
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 def timed(client: Client, result: ClientResult, expect: int, method: str, path: str, payload: Any = None) -> None:
@@ -465,31 +341,17 @@ def slots(now: datetime) -> Iterator[tuple[datetime, datetime]]:
 
 def booking_run(port: int, lanes: list[Lane], seconds: float) -> Row:
     """One thread per lane, all starting together, each booking back to back for ``seconds``."""
-    clock: dict[str, float] = {}
-
-    def start_clock() -> None:
-        clock["start"] = time.perf_counter()
-        clock["deadline"] = clock["start"] + seconds
-
-    barrier = threading.Barrier(len(lanes), action=start_clock)
     results = [ClientResult() for _ in lanes]
-    threads = [
-        threading.Thread(target=book_lane, args=(port, lane, result, barrier, clock))
-        for lane, result in zip(lanes, results, strict=True)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return combine("POST /api/v1/reservations/", time.perf_counter() - clock["start"], results)
+    workers = [partial(book_lane, port, lane, result, seconds) for lane, result in zip(lanes, results, strict=True)]
+    return combine("POST /api/v1/reservations/", run_together(workers), results)
 
 
-def book_lane(port: int, lane: Lane, result: ClientResult, barrier: threading.Barrier, clock: dict[str, float]) -> None:
+def book_lane(port: int, lane: Lane, result: ClientResult, seconds: float, ready: Callable[[], float]) -> None:
     client = Client(port, lane.token)
     try:
-        barrier.wait()
+        deadline = ready() + seconds
         for start, end in slots(datetime.now(UTC)):
-            if time.perf_counter() >= clock["deadline"]:
+            if time.perf_counter() >= deadline:
                 return
             payload = {"gpus": [lane.gpu_id], "start": start.isoformat(), "end": end.isoformat()}
             timed(client, result, 201, "POST", "/api/v1/reservations/", payload)
@@ -548,15 +410,10 @@ def print_table(rows: list[Row]) -> None:
 
 
 def print_context(args: argparse.Namespace, loaded: str) -> None:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW server_version")
-        (version,) = cursor.fetchone()
     print(
         f"API benchmark through daphne: booking {args.seconds:g} s per run (1-hour slots, 1 GPU per client), "
         f"reads {args.requests} sequential requests per URL over {GPU_COUNT} GPUs and {RESERVATION_COUNT:,} "
-        f"reservations; PostgreSQL {version}, {os.cpu_count()} CPUs"
+        f"reservations; PostgreSQL {postgres_version()}, {os.cpu_count()} CPUs"
     )
     print(f"{loaded}; {data_set_summary()}")
 
@@ -588,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for row in rows:
             report_errors(row)
         if any(status.startswith("5") for row in rows for status in row.statuses):
-            print_server_exceptions(log)
+            print_server_exceptions(log, MAX_ERRORS_SHOWN)
     print_table(rows)
     return 0
 

@@ -1,13 +1,19 @@
 """What every benchmark shares: a PostgreSQL database of its own, migrated, and the latency figures.
 
 A benchmark empties booking tables, so it refuses a database whose name lacks "bench".
+
+The benchmarks are scripts (``.venv/bin/python bench/<name>.py``). Each puts the repository root first
+on sys.path, then imports what it shares as ``bench.<module>`` (this module; _server.py, the portal
+served over HTTP) and the portal's own packages by their names.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -57,8 +63,6 @@ def setup_django() -> None:
     """Django on the benchmark database, migrated; DEBUG off so queries are not kept."""
     os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
     os.environ["DEBUG"] = "0"
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
     import django
     from django.core.management import call_command
 
@@ -72,6 +76,16 @@ def execute(statement: str, params: Sequence[Any] = ()) -> None:
 
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
+
+
+def postgres_version() -> str:
+    """The server version of Django's connection (after setup_django), for a bench's report."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version")
+        (version,) = cursor.fetchone()
+    return str(version)
 
 
 def reset_lab() -> None:
@@ -183,6 +197,28 @@ def open_database(script: str, example_db: str) -> str:
         print(f"{script} needs PostgreSQL, the settings gave {connection.vendor}.", file=sys.stderr)
         sys.exit(2)
     return url
+
+
+def run_together(workers: Sequence[Callable[[Callable[[], float]], None]]) -> float:
+    """Run each worker in a thread of its own, all released at once; returns the seconds from the
+    release until the last one finished.
+
+    A worker calls the function it is given once it is ready (its connection open): that waits for
+    every other worker and returns the moment of the release (``time.perf_counter()``), from which
+    the worker times its run."""
+    released: list[float] = []
+    barrier = threading.Barrier(len(workers), action=lambda: released.append(time.perf_counter()))
+
+    def ready() -> float:
+        barrier.wait()
+        return released[0]
+
+    threads = [threading.Thread(target=worker, args=(ready,)) for worker in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - released[0]
 
 
 def percentile_ms(latencies: list[float], pct: float) -> float:

@@ -35,16 +35,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import psycopg
-from benchdb import allow_booking_ahead, open_database, percentile_ms
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.* and the portal
+
+from bench.benchdb import allow_booking_ahead, open_database, percentile_ms, postgres_version, reset_lab, run_together
 
 GPU_COUNT = 64
 USER_COUNT = 16
@@ -128,14 +132,7 @@ def reset_bench_data() -> None:
     """Start from nothing: no bookings, maintenance, limits, GPUs, nodes or bench users."""
     from django.contrib.auth import get_user_model
 
-    from nodes.models import Gpu, Node
-    from reservations.models import Limit, MaintenanceWindow
-
-    empty_bookings()
-    MaintenanceWindow.objects.all().delete()
-    Limit.objects.all().delete()
-    Gpu.objects.all().delete()
-    Node.objects.all().delete()
+    reset_lab()
     get_user_model().objects.filter(username__startswith=USER_PREFIX).delete()
 
 
@@ -189,23 +186,12 @@ def run_clients(
     ``prepare`` opens the thread's connection (before the clock starts), ``book`` makes one
     booking with it, ``finish`` closes it.
     """
-    clock: dict[str, float] = {}
-
-    def start_clock() -> None:
-        clock["start"] = time.perf_counter()
-        clock["deadline"] = clock["start"] + seconds
-
-    barrier = threading.Barrier(len(lanes), action=start_clock)
     results = [ClientResult() for _ in lanes]
-    threads = [
-        threading.Thread(target=_client, args=(lane, result, barrier, clock, prepare, book, finish))
+    workers = [
+        partial(_client, lane, result, seconds, prepare, book, finish)
         for lane, result in zip(lanes, results, strict=True)
     ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - clock["start"]
+    elapsed = run_together(workers)
     return RunResult(
         clients=len(lanes),
         elapsed=elapsed,
@@ -218,21 +204,21 @@ def run_clients(
 def _client(
     lane: Lane,
     result: ClientResult,
-    barrier: threading.Barrier,
-    clock: dict[str, float],
+    seconds: float,
     prepare: Callable[[], Any],
     book: Callable[[Any, Lane, int, datetime, datetime], None],
     finish: Callable[[Any], None],
+    ready: Callable[[], float],
 ) -> None:
     handle = None
     try:
         handle = prepare()
     except Exception as exc:
         result.errors.append(f"connect: {exc!r}")
-    barrier.wait()
+    deadline = ready() + seconds
     try:
         if handle is not None:
-            _book_until(lane, result, clock["deadline"], handle, book)
+            _book_until(lane, result, deadline, handle, book)
     finally:
         finish(handle)
 
@@ -346,15 +332,10 @@ def print_table(pairs: list[tuple[RunResult, RunResult]]) -> None:
 
 
 def print_context(seconds: float) -> None:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW server_version")
-        (version,) = cursor.fetchone()
     print(
         f"booking benchmark: {seconds:g} s per run, 1-hour slots on 1 GPU per call, "
         f"{GPU_COUNT} GPUs, {USER_COUNT} users, limits: {HORIZON.days + 1} days ahead only, no approval; "
-        f"PostgreSQL {version}, "
+        f"PostgreSQL {postgres_version()}, "
         f"{os.cpu_count()} CPUs"
     )
 

@@ -13,7 +13,7 @@ What it measures
 
     1. in-process, through Django's test client: the view's own cost (queries, building the
        events, JSON rendering), no HTTP;
-    2. over HTTP to daphne (``portal.asgi:application``, as bench/api.py starts it, DEBUG=0), one
+    2. over HTTP to daphne (``portal.asgi:application``, started by bench/_server.py, DEBUG=0), one
        keep-alive connection with an API token, once plain and once with ``Accept-Encoding: gzip``
        as browsers send it (the endpoint compresses): what a browser waits for.
 
@@ -32,24 +32,24 @@ How to run it
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import argparse
 import gzip
 import json
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from benchdb import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.* and the portal
+
+from bench._server import Client, serving
+from bench.benchdb import (
     BookingRow,
     bulk_load,
     copy_reservations,
@@ -203,8 +203,6 @@ def in_process_rows(token: str, paths: list[tuple[str, str]], count: int) -> lis
 
 
 def http_rows(url: str, token: str, paths: list[tuple[str, str]], count: int) -> list[Row]:
-    from api import Client, serving
-
     with serving(url) as (port, _log):
         client = Client(port, token)
         try:
@@ -215,7 +213,7 @@ def http_rows(url: str, token: str, paths: list[tuple[str, str]], count: int) ->
             client.close()
 
 
-def _http_getter(client: Any, path: str) -> Callable[[], tuple[int, bytes]]:
+def _http_getter(client: Client, path: str) -> Callable[[], tuple[int, bytes]]:
     return lambda: client.send("GET", path)
 
 

@@ -3,7 +3,7 @@
 What it measures
     The lab of bench/calendar_data.py (8 nodes x 8 GPUs, two-hour bookings back to back on every GPU:
     5,376 in the current week, the same density in ``--history-weeks`` weeks before it), served by
-    daphne (DEBUG=0, static files collected into a temporary folder, as bench/api.py starts it). One
+    daphne (DEBUG=0, static files collected into a temporary folder, started by bench/_server.py). One
     of the 16 booking users logs in with Playwright's sync API in Debian's Chromium (headless, the
     browser tests' arguments) and opens the calendar in the week view; then, on that page:
 
@@ -39,22 +39,24 @@ How to run it
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from benchdb import REPO_ROOT, open_database, percentile_ms
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.* and the portal
+
+from bench._server import serving
+from bench.benchdb import open_database, percentile_ms
+from bench.calendar_data import NODE_COUNT, USER_PREFIX, load_lab
+from tests.browser.helpers import CHROMIUM_ARGS, CHROMIUM_CANDIDATES, chromium_path, log_in
 
 PASSWORD = "bench-render-password"  # noqa: S105 - a throw-away user of the benchmark database
 VIEW_KEY = "gpu-calendar-view"
@@ -145,7 +147,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def researcher_with_password() -> Any:
     """One of the booking users (so some bookings are theirs), with a password to log in."""
-    from calendar_data import USER_PREFIX
     from django.contrib.auth import get_user_model
 
     user = get_user_model().objects.get(username=f"{USER_PREFIX}0")
@@ -214,9 +215,6 @@ class Page:
 def run_browser(base: str, username: str, chromium: str, args: argparse.Namespace) -> Page:
     from playwright.sync_api import sync_playwright
 
-    sys.path.insert(0, str(REPO_ROOT))
-    from tests.browser.conftest import CHROMIUM_ARGS, log_in
-
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=not args.headed)
         context = browser.new_context(viewport={"width": 1400, "height": 900}, timezone_id="UTC")
@@ -266,8 +264,6 @@ def print_figures(measured: Page) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from tests.browser.conftest import CHROMIUM_CANDIDATES, chromium_path
-
     chromium = chromium_path()
     if chromium is None:
         print(
@@ -280,9 +276,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["STATIC_ROOT"] = str(static_root)  # read by the settings, here and in daphne
     try:
         url = open_database("bench/calendar_render.py", "portal_bench_render")
-        from api import serving
-        from calendar_data import NODE_COUNT, load_lab
-
         began = time.perf_counter()
         _reader, monday = load_lab(url, args.history_weeks, datetime.now(UTC))
         user = researcher_with_password()

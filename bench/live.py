@@ -2,7 +2,7 @@
 
 What it measures
     A lab of 8 nodes x 8 GPUs, each node with its agent token. daphne (``portal.asgi``, DEBUG=0,
-    as bench/api.py starts it) serves the portal with the Redis channel layer; one process, as the
+    started by bench/_server.py) serves the portal with the Redis channel layer; one process, as the
     demo runs it. ``--clients`` (default 500) websocket clients, asyncio tasks of this process, each
     connect with an API token and subscribe to "status", as a status page does.
 
@@ -28,22 +28,21 @@ How to run it
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import argparse
 import asyncio
-import http.client
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from pathlib import Path
 
-from benchdb import create_lab, open_database, percentile_ms
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.* and the portal
+
+from bench._server import HOST, Client, serving
+from bench.benchdb import create_lab, open_database, percentile_ms
+from gpubook_agent import protocol
 
 NODES = 8
 GPUS_PER_NODE = 8
@@ -97,37 +96,28 @@ def report(uuids: list[str], marker: float | None = None) -> bytes:
         }
         for i, uuid in enumerate(uuids)
     ]
-    return json.dumps({"sent_at": datetime.now(UTC).isoformat(), "gpus": samples}).encode()
+    return json.dumps(protocol.telemetry(samples)).encode()
 
 
 class Agent:
-    """One node's agent: a keep-alive HTTP connection posting reports."""
+    """One node's agent: a keep-alive HTTP connection with its token, posting reports."""
 
     def __init__(self, port: int, token: str, uuids: list[str]) -> None:
-        self.port, self.token, self.uuids = port, token, uuids
-        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.client, self.uuids = Client(port, token), uuids
 
     def post(self, path: str, body: bytes) -> float:
         started = time.perf_counter()
-        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
-        self.connection.request("POST", path, body=body, headers=headers)
-        response = self.connection.getresponse()
-        answer = response.read()
-        if response.status != 200:
-            raise RuntimeError(f"{path} answered {response.status}: {answer[:300]!r}")
+        status, answer = self.client.send("POST", path, body)
+        if status != 200:
+            raise RuntimeError(f"{path} answered {status}: {answer[:300]!r}")
         return time.perf_counter() - started
 
     def heartbeat(self) -> None:
-        body = {
-            "sent_at": datetime.now(UTC).isoformat(),
-            "agent_version": "bench",
-            "backend": "simulated",
-            "applied_version": 0,
-        }
-        self.post("/api/v1/agent/heartbeat/", json.dumps(body).encode())
+        body = protocol.heartbeat(backend="simulated", driver_version=None, applied_version=0, acls={})
+        self.post(protocol.agent_path(protocol.HEARTBEAT), json.dumps(body).encode())
 
     def telemetry(self, marker: float | None = None) -> float:
-        return self.post("/api/v1/agent/telemetry/", report(self.uuids, marker))
+        return self.post(protocol.agent_path(protocol.TELEMETRY), report(self.uuids, marker))
 
 
 # --- the clients ------------------------------------------------------------------------------
@@ -137,7 +127,7 @@ class Clients:
     """Websocket clients subscribed to "status"; they note when each marker reaches them."""
 
     def __init__(self, port: int, token: str) -> None:
-        self.url = f"ws://127.0.0.1:{port}/ws/live/"
+        self.url = f"ws://{HOST}:{port}/ws/live/"
         self.token = token
         self.arrivals: dict[str, list[float]] = {}  # marker text -> arrival times
         self.watching: list[str] = []
@@ -269,9 +259,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     url = open_database("bench/live.py", "portal_bench_live")
     fleet, token = create_fleet()
-    os.environ["API_RATE_PER_AGENT"] = "100000000/minute"  # the server inherits it: no 429s
-    from api import serving
-
     print(f"lab: {NODES} nodes x {GPUS_PER_NODE} GPUs; one daphne process; {os.cpu_count()} CPUs")
     with serving(url) as (port, _log):
         asyncio.run(main_async(args, port, fleet, token))

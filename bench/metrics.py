@@ -24,19 +24,18 @@ How to run it
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import argparse
 import os
 import secrets
+import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from benchdb import create_lab, ensure_users, execute, open_database, percentile_ms, reset_lab
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.* and the portal
+
+from bench.benchdb import create_lab, ensure_users, execute, open_database, percentile_ms, postgres_version, reset_lab
 
 GPUS_PER_NODE = 8
 USER_PREFIX = "bench-metrics-user-"
@@ -143,19 +142,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["AGENT_OFFLINE_AFTER_SECONDS"] = "3600"
     os.environ["METRICS_TOKEN"] = TOKEN
     open_database("bench/metrics.py", "portal_bench_metrics")
-    from django.db import connection
-
     began = time.perf_counter()
     load_fleet(args.nodes, datetime.now(UTC))
     loaded = time.perf_counter() - began
     latencies, body = measure(args.requests)
     series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW server_version")
-        (version,) = cursor.fetchone()
     print(
         f"/metrics benchmark: {args.nodes} nodes x {GPUS_PER_NODE} GPUs (loaded in {loaded:.1f} s), "
-        f"{args.requests} sequential scrapes in-process after a warm-up; PostgreSQL {version}, {os.cpu_count()} CPUs"
+        f"{args.requests} sequential scrapes in-process after a warm-up; "
+        f"PostgreSQL {postgres_version()}, {os.cpu_count()} CPUs"
     )
     print(
         f"one scrape: p50 {percentile_ms(latencies, 50):.1f} ms, p99 {percentile_ms(latencies, 99):.1f} ms; "

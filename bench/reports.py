@@ -19,19 +19,26 @@ How to run it
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import argparse
 import random
+import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from benchdb import bulk_load, copy_reservations, create_lab, ensure_users, open_database, percentile_ms, reset_lab
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.* and the portal
+
+from bench.benchdb import (
+    bulk_load,
+    copy_reservations,
+    create_lab,
+    ensure_users,
+    open_database,
+    percentile_ms,
+    reset_lab,
+)
 
 NODES, GPUS_PER_NODE, USERS, GROUPS = 10, 10, 30, 5
 SEED = 8

@@ -9,13 +9,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.http import AuthenticatedRequest
+from accounts.models import User
 from feeds.selectors import feed_listing
 from feeds.serializers import FeedsSerializer
 from feeds.services import feed_urls_rotate
 from kernel.api_schema import ERRORS, READ_ERRORS
 
 
-def _feeds(request: Request, user: Any) -> dict[str, Any]:
+def _feeds(request: Request, user: User) -> dict[str, Any]:
     listing = feed_listing(user, request.build_absolute_uri)
     return {
         "rotated_at": listing.rotated_at,
@@ -33,7 +35,7 @@ class FeedListView(APIView):
         ),
         responses={200: FeedsSerializer, **READ_ERRORS},
     )
-    def get(self, request: Request) -> Response:
+    def get(self, request: AuthenticatedRequest) -> Response:
         return Response(FeedsSerializer(_feeds(request, request.user)).data)
 
 
@@ -44,6 +46,6 @@ class FeedRotateView(APIView):
         request=None,
         responses={200: FeedsSerializer, **{code: ERRORS[code] for code in (401, 403, 429)}},
     )
-    def post(self, request: Request) -> Response:
+    def post(self, request: AuthenticatedRequest) -> Response:
         feed_urls_rotate(user=request.user, actor=request.user)
         return Response(FeedsSerializer(_feeds(request, request.user)).data)

@@ -11,3 +11,19 @@ class FeedsConfig(AppConfig):
         from kernel.logs import register_redactor
 
         register_redactor(redact_feed_urls)
+
+        # The profile page (accounts, below us) shows each person's feeds as a part it does not import.
+        from accounts.profile_parts import profile_parts
+        from feeds.pages import profile_section
+        from kernel.page_parts import Part
+
+        profile_parts.register(
+            Part(
+                name="feeds",
+                title="Calendar feeds",
+                template="feeds/profile_section.html",
+                read=profile_section,
+                stylesheets=("css/feeds.css",),
+                scripts=("js/feeds.js",),
+            )
+        )

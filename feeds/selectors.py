@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db.models import CharField, Count, Max, OuterRef, Subquery
 from django.db.models.functions import Cast, Coalesce
 from django.urls import reverse
 
+from accounts.models import User
 from audit.models import AuditEntry
 from feeds.models import FeedKey
 from feeds.tokens import FeedToken, feed_token, feed_token_valid
@@ -28,11 +28,11 @@ class FeedLink:
     path: str  # absolute path; pages and the API make it a full URL
 
 
-def feed_generation(user: Any) -> int:
+def feed_generation(user: User) -> int:
     return get_user_model().objects.filter(pk=user.pk).values_list("feed_key__generation", flat=True).first() or 0
 
 
-def feed_links(*, user: Any) -> list[FeedLink]:
+def feed_links(*, user: User) -> list[FeedLink]:
     """The user's feed URLs: their own bookings first, then one per node by name. Two queries."""
     return _feed_links(user, feed_generation(user))
 
@@ -45,7 +45,7 @@ class FeedListing:
     feeds: list[tuple[FeedLink, str]]  # each feed with its full URL
 
 
-def feed_listing(user: Any, build_url: Callable[[str], str]) -> FeedListing:
+def feed_listing(user: User, build_url: Callable[[str], str]) -> FeedListing:
     """The user's feeds with full URLs (``build_url`` makes one of a path) and when they were last
     rotated. Two queries: the user's FeedKey, the nodes."""
     generation, rotated_at = FeedKey.objects.filter(user=user).values_list("generation", "rotated_at").first() or (
@@ -57,7 +57,7 @@ def feed_listing(user: Any, build_url: Callable[[str], str]) -> FeedListing:
     )
 
 
-def _feed_links(user: Any, generation: int) -> list[FeedLink]:
+def _feed_links(user: User, generation: int) -> list[FeedLink]:
     def path(node_id: int | None) -> str:
         return reverse("feed", kwargs={"token": feed_token(user_id=user.pk, node_id=node_id, generation=generation)})
 
@@ -67,7 +67,7 @@ def _feed_links(user: Any, generation: int) -> list[FeedLink]:
     return links
 
 
-def feed_subject(token: FeedToken) -> tuple[Any, Node | None] | None:
+def feed_subject(token: FeedToken) -> tuple[User, Node | None] | None:
     """The active user and node (None for their own feed) that a token stands for, or None when
     the token is not valid now (unknown or inactive user, rotated, forged, no such node)."""
     user = (
@@ -102,7 +102,7 @@ class FeedBooking:
     gpus: list[Gpu]  # by index
 
 
-def feed_bookings(*, user: Any, node: Node | None, start: datetime, end: datetime) -> list[FeedBooking]:
+def feed_bookings(*, user: User, node: Node | None, start: datetime, end: datetime) -> list[FeedBooking]:
     """Bookings of any status overlapping [start, end): the user's own (``node`` None) or all on
     ``node``. Two queries whatever their number: the bookings with their audit counts, their GPUs."""
     reservations = Reservation.objects.filter(start__lt=end, end__gt=start)

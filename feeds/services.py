@@ -8,11 +8,12 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from accounts.models import User
 from audit.services import audit_record
 from feeds.models import FeedKey
 
 
-def feed_urls_rotate(*, user: Any, actor: Any) -> FeedKey:
+def feed_urls_rotate(*, user: User, actor: Any) -> FeedKey:
     """Give ``user`` new feed URLs; every earlier one answers 404 from this commit on."""
     with transaction.atomic():
         key, _ = FeedKey.objects.get_or_create(user=user)

@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,9 +57,9 @@ class Config:
     source: str  # where the config file is (or would be), for messages
 
 
-def config_path(environ: dict[str, str] | None = None) -> Path:
-    environ = os.environ if environ is None else environ
-    explicit = environ.get("GPUBOOK_CONFIG")
+def config_path(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    explicit = env.get("GPUBOOK_CONFIG")
     if explicit:
         return Path(explicit).expanduser()
     return Path.home() / ".config" / "gpubook" / "config.ini"
@@ -73,13 +74,13 @@ def _read_file(path: Path) -> dict[str, str]:
     return dict(parser["gpubook"]) if parser.has_section("gpubook") else {}
 
 
-def load_config(environ: dict[str, str] | None = None) -> Config:
+def load_config(environ: Mapping[str, str] | None = None) -> Config:
     """URL and token: the environment wins over the config file, which wins over the defaults."""
-    environ = os.environ if environ is None else environ
-    path = config_path(environ)
+    env = os.environ if environ is None else environ
+    path = config_path(env)
     from_file = _read_file(path) if path.is_file() else {}
-    url = environ.get("GPUBOOK_URL") or from_file.get("url") or DEFAULT_URL
-    token = environ.get("GPUBOOK_TOKEN") or from_file.get("token") or None
+    url = env.get("GPUBOOK_URL") or from_file.get("url") or DEFAULT_URL
+    token = env.get("GPUBOOK_TOKEN") or from_file.get("token") or None
     return Config(url=url.strip().rstrip("/"), token=token.strip() if token else None, source=str(path))
 
 

@@ -26,7 +26,7 @@ class DomainError(Exception):
     to know their classes (reservations/exceptions.py)."""
 
     code = "error"
-    http_status = status.HTTP_400_BAD_REQUEST
+    http_status: int = status.HTTP_400_BAD_REQUEST
     retry_after: str | None = None  # seconds, for an error that retrying soon cures
 
     def __init__(self, message: str, **details: Any) -> None:
@@ -52,10 +52,10 @@ def _flatten(detail: Any) -> Any:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DomainError):
-        response = Response(error_body(exc.code, exc.message, exc.details), status=exc.http_status)
+        refusal = Response(error_body(exc.code, exc.message, exc.details), status=exc.http_status)
         if exc.retry_after:
-            response["Retry-After"] = exc.retry_after
-        return response
+            refusal["Retry-After"] = exc.retry_after
+        return refusal
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

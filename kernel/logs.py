@@ -89,4 +89,6 @@ class JsonFormatter(_JsonFormatter):
 
     def formatException(self, ei: Any) -> str:
         # The JSON formatter formats the traceback itself rather than using the filter's exc_text.
-        return redact_secrets(super().formatException(ei))
+        # It gives a list of lines only with exc_info_as_array, which __init__ leaves off.
+        formatted = super().formatException(ei)
+        return redact_secrets(formatted if isinstance(formatted, str) else "\n".join(formatted))

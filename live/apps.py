@@ -6,4 +6,4 @@ class LiveConfig(AppConfig):
     verbose_name = "Live updates"
 
     def ready(self) -> None:
-        from live import signals  # noqa: F401  (connects the receivers)
+        from live import receivers  # noqa: F401  (connects the receivers)

@@ -21,7 +21,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 logger = logging.getLogger(__name__)
 
-# Who gets what: the status cards come in two cuts (see nodes.status.for_viewer).
+# Who gets what: the status cards come in two cuts (see reservations.fleet.for_viewer).
 STATUS_ADMIN = "live.status.admin"
 STATUS_USER = "live.status.user"
 CALENDAR = "live.calendar"
@@ -145,5 +145,5 @@ def send_events(payload: dict[str, Any]) -> None:
 
 
 def send_alerts(payload: dict[str, Any]) -> None:
-    """Alerts opened or resolved (alerts/services.py), to the admins following "alerts"."""
+    """Alerts opened or resolved (alerts/records.py), to the admins following "alerts"."""
     send([(ALERTS, payload)])

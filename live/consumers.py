@@ -15,7 +15,7 @@ Protocol (JSON text frames):
               {"type": "error", "code": "...", "message": "..."}
 
 Topics, and who may follow them:
-    status    everyone logged in; admins get the admin cut of the cards (nodes.status.for_viewer)
+    status    everyone logged in; admins get the admin cut of the cards (reservations.fleet.for_viewer)
     calendar  everyone logged in; says only *where and when* something changed, and the page
               asks the calendar API again, so each user still gets exactly what the API shows them
     events    booking admins: what the node agents did and saw (grants, revocations, violations)
@@ -65,7 +65,7 @@ _snapshots: dict[bool, tuple[float, str]] = {}
 @database_sync_to_async
 def status_snapshot(admin: bool) -> str:
     """The "status" topic's first message, as JSON text, in the admin or the researcher cut."""
-    from nodes.status import fleet_status, for_viewer
+    from reservations.fleet import fleet_status, for_viewer
 
     built = _snapshots.get(admin)
     if built is None or time.monotonic() - built[0] > SNAPSHOT_REUSE_SECONDS:

@@ -2,7 +2,7 @@
 ``Collector``) in a registry of its own, so nothing else a process registers (the default
 registry's process and GC metrics) ends up in /metrics.
 
-The GPU and node figures come from the status cards (``nodes.status.fleet_status``), so /metrics
+The GPU and node figures come from the status cards (``reservations.fleet.fleet_status``), so /metrics
 says exactly what the status page says: the same online rule, the same GPU state, the same holder.
 Six queries per scrape whatever the fleet's size: three for the cards, one for lease versions, one
 for bookings, one for the periodic jobs' last successes (alerts/jobs.py).
@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from alerts.jobs import JobState, job_states
 from metrics import selectors
-from nodes.status import STATES, fleet_status
+from reservations.fleet import STATES, fleet_status
 
 MIB = 1024 * 1024
 GPU_LABELS = ["node", "gpu", "holder"]

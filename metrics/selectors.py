@@ -1,4 +1,4 @@
-"""The reads /metrics adds to the status cards (nodes.status.fleet_status): one query each, whatever
+"""The reads /metrics adds to the status cards (reservations.fleet.fleet_status): one query each, whatever
 the fleet's size."""
 
 from __future__ import annotations

@@ -8,10 +8,9 @@ from django.utils import timezone
 
 from audit.admin import AuditedAdminMixin
 from nodes.broker_users import BrokerUserError, broker_users_forget
+from nodes.liveness import node_online
 from nodes.models import AgentState, Gpu, Node, NodeEvent
-from nodes.reports import gpu_return_to_service
-from nodes.services import node_rotate_credentials
-from nodes.status import node_online
+from nodes.services import gpu_return_to_service, node_rotate_credentials
 
 
 class GpuInline(admin.TabularInline):

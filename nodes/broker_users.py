@@ -40,7 +40,7 @@ from django.conf import settings
 from django.db import transaction
 from kombu.utils.url import maybe_sanitize_url
 
-from nodes.agent.worker import queue_name
+from gpubook_agent.protocol import queue_name
 from nodes.models import Node
 
 log = logging.getLogger(__name__)

@@ -135,7 +135,7 @@ class AgentState(models.Model):
     offline_since = models.DateTimeField(
         null=True, blank=True, help_text="When the agent was found silent; cleared when it reports again."
     )
-    # The node's event budget (NODE_EVENTS_PER_MINUTE, nodes/reports.py): events stored in the
+    # The node's event budget (NODE_EVENTS_PER_MINUTE, nodes/ingest.py): events stored in the
     # current minute of the portal's clock, and every event counted but not stored past it.
     events_minute = models.DateTimeField(null=True, blank=True, editable=False)
     events_in_minute = models.PositiveIntegerField(default=0, editable=False)

@@ -1,4 +1,5 @@
-"""Writes for nodes: registering a node and giving its agent fresh credentials."""
+"""Writes for nodes: registering a node, giving its agent fresh credentials, draining a GPU and returning
+it to service."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from accounts.services import hash_token
 from audit.services import audit_record
 from nodes.broker_users import agent_broker_url, broker_user_delete, broker_user_set, new_password, password_hash
-from nodes.models import Node
+from nodes.models import Gpu, Node
+from nodes.signals import gpu_drained, gpu_returned
 
 AGENT_TOKEN_PREFIX = "gpn_"  # noqa: S105 - a public marker, not a secret
 
@@ -82,3 +85,24 @@ def _new_credentials(node: Node) -> AgentCredentials:
         agent_token=agent_token,
         broker_url=agent_broker_url(node_name=node.name, password=broker_password),
     )
+
+
+def gpu_drain(*, gpu: Gpu, reason: str, actor: Any | None = None) -> None:
+    """Take a GPU out of booking until an admin returns it (already drained: kept as it was)."""
+    reason = reason[:500]
+    updated = Gpu.objects.filter(pk=gpu.pk, drained_at__isnull=True).update(
+        drained_at=timezone.now(), drain_reason=reason
+    )
+    if updated:
+        audit_record(actor=actor, action="gpu.drain", target=gpu, after={"reason": reason})
+        gpu_drained.send(sender=Gpu, gpu=gpu, reason=reason, actor=actor)
+
+
+def gpu_return_to_service(*, gpu: Gpu, actor: Any) -> bool:
+    """Make a drained GPU bookable again; False if it was not drained (nothing changes)."""
+    before = {"drained_at": gpu.drained_at.isoformat() if gpu.drained_at else None, "reason": gpu.drain_reason}
+    updated = Gpu.objects.filter(pk=gpu.pk, drained_at__isnull=False).update(drained_at=None, drain_reason="")
+    if updated:
+        audit_record(actor=actor, action="gpu.undrain", target=gpu, before=before)
+        gpu_returned.send(sender=Gpu, gpu=gpu, actor=actor)
+    return bool(updated)

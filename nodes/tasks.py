@@ -1,4 +1,4 @@
-"""Celery tasks of the portal for nodes: pushing lease snapshots to the agents, keeping the status pages current."""
+"""Celery tasks of the portal for nodes: pruning what agents reported, keeping the nodes' broker users."""
 
 from __future__ import annotations
 
@@ -6,37 +6,8 @@ from celery import shared_task
 from django.utils import timezone
 
 from nodes.broker_users import broker_users_sync
-from nodes.pushes import agent_nodes, clear_pending, pushed_nodes, send_snapshot
-from nodes.reports import node_events_prune
-from nodes.status import refresh_status
+from nodes.ingest import node_events_prune
 from nodes.usage import usage_prune
-
-
-@shared_task(name="nodes.push_node_leases", ignore_result=True)
-def push_node_leases(node_id: int) -> int | None:
-    """Send one node its state. The pending mark goes first, so a change committed from now on
-    schedules another push instead of being missed."""
-    clear_pending(node_id)
-    node = agent_nodes().filter(pk=node_id).first()
-    if node is None:
-        return None
-    return send_snapshot(node)
-
-
-@shared_task(name="nodes.push_all_leases", ignore_result=True)
-def push_all_leases() -> int:
-    """Beat, every minute: every node with an agent gets its whole state again."""
-    nodes = pushed_nodes()
-    for node in nodes:
-        send_snapshot(node)
-    return len(nodes)
-
-
-@shared_task(name="nodes.refresh_status", ignore_result=True)
-def refresh_live_status() -> int:
-    """Beat, every STATUS_REFRESH_SECONDS: silent nodes turn offline on every status page, and the
-    cards of nodes where a slot or maintenance began or ended are sent again."""
-    return len(refresh_status())
 
 
 @shared_task(name="nodes.prune_usage", ignore_result=True)

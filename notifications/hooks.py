@@ -1,5 +1,5 @@
-"""What the booking service calls inside a change's transaction: write the change's mails to the
-outbox, and nudge a worker to send them once the change commits.
+"""What runs inside a change's transaction (notifications/receivers.py for bookings, alerts for their
+mails): write the change's mails to the outbox, and nudge a worker to send them once the change commits.
 
 The rows are written in the change's own transaction (so the caller must call this inside it): a
 rolled-back change leaves no mail, and a committed one always has its mail, whether or not the broker
@@ -37,7 +37,7 @@ def _nudge(reservation_id: int) -> None:
         # kombu's pooled producer would retry for about 6 s with the broker down. The drain is the
         # retry. A connection of its own costs a TCP connect per change that mails.
         with send_outbox.app.connection_for_write(connect_timeout=2, transport_options={"max_retries": 0}) as broker:
-            send_outbox.apply_async(
+            send_outbox.apply_async(  # type: ignore[call-arg]  # celery-types lack the `connection` option
                 kwargs={"reservation_id": reservation_id},
                 connection=broker,
                 retry=False,

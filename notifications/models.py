@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from django.conf import settings
 from django.db import models
 
@@ -25,7 +27,7 @@ class MailPreferences(models.Model):
 
     # Which switch governs which kind; a kind with none always goes (idle GPUs: the portal may release
     # the booking, so the holder must hear of it).
-    SWITCH_OF = {
+    SWITCH_OF: ClassVar[dict[str, str]] = {
         Kind.BOOKING_CONFIRMED: "booking_received",
         Kind.BOOKING_PENDING: "booking_received",
         Kind.APPROVAL_NEEDED: "approval_requests",
@@ -62,7 +64,7 @@ class MailPreferences(models.Model):
         return f"mail preferences of {self.user}"
 
     def wants(self, kind: str) -> bool:
-        switch = self.SWITCH_OF.get(kind)  # type: ignore[call-overload]
+        switch = self.SWITCH_OF.get(kind)
         return switch is None or getattr(self, switch)
 
 

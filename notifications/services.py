@@ -38,6 +38,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts.models import User
 from nodes.models import Gpu, cuda_visible_devices
 from nodes.usage import usage_during
 from notifications.mail import send_templated
@@ -61,7 +62,7 @@ DRAIN_BATCH = 500
 SCAN_KINDS = (Kind.SLOT_STARTING, Kind.SLOT_ENDING, Kind.SLOT_ENDED)
 
 
-def preferences_of(user: Any) -> MailPreferences:
+def preferences_of(user: User) -> MailPreferences:
     preferences, _ = MailPreferences.objects.get_or_create(user=user)
     return preferences
 
@@ -73,7 +74,7 @@ def notification_enqueue(
     *,
     kind: str,
     reservation: Reservation,
-    users: Iterable[Any],
+    users: Iterable[User],
     moment: datetime,
     context: dict[str, Any] | None = None,
 ) -> int:
@@ -100,7 +101,7 @@ def booking_changed(reservation_id: int, verb: str) -> int:
     # What the templates may ask of the change: ``change`` (the verb), ``extension_approved``.
     context = {"change": verb, "extension_approved": verb == "extension_approved"}
 
-    def write(kind: str, users: Iterable[Any], moment: datetime = reservation.start) -> int:
+    def write(kind: str, users: Iterable[User], moment: datetime = reservation.start) -> int:
         return notification_enqueue(kind=kind, reservation=reservation, users=users, moment=moment, context=context)
 
     # A pending extension (``extends`` set) is created like a booking: the same kinds, worded by the
@@ -119,7 +120,7 @@ def booking_changed(reservation_id: int, verb: str) -> int:
     return 0
 
 
-def _booking_admins(*, exclude: Any) -> Iterable[Any]:
+def _booking_admins(*, exclude: User) -> Iterable[User]:
     admins = get_user_model().objects.filter(Q(is_staff=True) | Q(is_superuser=True), is_active=True)
     return admins.exclude(email="").exclude(pk=exclude.pk).order_by("pk")
 
@@ -277,7 +278,7 @@ def _obsolete(note: Notification, reservation: Reservation, now: datetime) -> st
 
 def _context(note: Notification, now: datetime) -> dict[str, Any]:
     reservation, kind = note.reservation, note.kind
-    context = _booking_context(reservation, note.user) | note.context
+    context: dict[str, Any] = _booking_context(reservation, note.user) | note.context
     if kind == Kind.APPROVAL_NEEDED:
         portal = settings.PORTAL_URL.rstrip("/")
         context |= {"owner": reservation.user, "pending_url": portal + reverse("pending-approvals")}

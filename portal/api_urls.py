@@ -3,10 +3,12 @@ from rest_framework.routers import DefaultRouter
 
 from accounting.api import DemandView, UsageReportView
 from accounts.api import ApiTokenViewSet
-from nodes.agent_api import EventsView, HeartbeatView, SnapshotView, TelemetryView
-from nodes.api import FleetStatusView, GpuViewSet, NodeViewSet
-from reservations.api import AvailabilityView, ReservationViewSet
-from reservations.calendar import CalendarDataView
+from live.api import FleetStatusView
+from nodes.api import NodeViewSet
+from nodes.ingest_api import EventsView, HeartbeatView, TelemetryView
+from reservations.api import AvailabilityView, GpuViewSet, ReservationViewSet
+from reservations.calendar_api import CalendarDataView
+from reservations.lease_api import SnapshotView
 from reservations.me import MeView
 
 router = DefaultRouter()

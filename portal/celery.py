@@ -48,7 +48,7 @@ app.conf.beat_schedule = {
     "alert-mail": {"task": "alerts.mail_staff", "schedule": 60.0, "options": {"expires": 55}},
     "idle-gpus": {"task": "alerts.check_idle", "schedule": 60.0, "options": {"expires": 55}},
     # Bookings of deactivated accounts that the deactivation's own reaction missed are ended (their
-    # leases stopped at once anyway: nodes.leases leaves inactive users out).
+    # leases stopped at once anyway: reservations.leases leaves inactive users out).
     "end-inactive-bookings": {
         "task": "reservations.end_inactive_bookings",
         "schedule": 300.0,

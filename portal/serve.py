@@ -55,7 +55,7 @@ class LoggingAccessLog(AccessLogGenerator):
 def main() -> None:
     # daphne's command line builds its access log from this module-level name once the application
     # is loaded (and with it settings.LOGGING); everything else is daphne as it is.
-    daphne.cli.AccessLogGenerator = LoggingAccessLog  # type: ignore[misc]
+    daphne.cli.AccessLogGenerator = LoggingAccessLog
     daphne.cli.CommandLineInterface.entrypoint()
 
 

@@ -470,7 +470,7 @@ TELEMETRY_MINUTES_KEEP_DAYS = envint("TELEMETRY_MINUTES_KEEP_DAYS", 30)
 NODE_EVENTS_KEEP_DAYS = envint("NODE_EVENTS_KEEP_DAYS", 90)
 # Events stored per node per minute; past that they are counted (AgentState.events_dropped,
 # /metrics), not stored, so a broken or hostile agent cannot fill the database. The events that
-# drain GPUs and open alerts still act (nodes/reports.py). A healthy node sends a few a minute.
+# drain GPUs and open alerts still act (nodes/ingest.py). A healthy node sends a few a minute.
 NODE_EVENTS_PER_MINUTE = envint("NODE_EVENTS_PER_MINUTE", 600)
 # A minute counts as "used" in the usage reports when its mean utilisation reaches this.
 USAGE_USED_THRESHOLD_PCT = envint("USAGE_USED_THRESHOLD_PCT", 10)

@@ -25,7 +25,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("", include("accounts.urls")),
     path("", include("reservations.urls")),
-    path("", include("nodes.urls")),
+    path("", include("live.urls")),
     path("", include("notifications.urls")),
     path("", include("accounting.urls")),
     path("", include("feeds.urls")),

@@ -39,7 +39,8 @@ class ReservationAddForm(forms.ModelForm):
         self.created: Reservation | None = None
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()  # returns cleaned_data, which the stubs type as optional
+        data = self.cleaned_data
         if self.errors:
             return data
         try:

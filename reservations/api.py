@@ -8,16 +8,17 @@ from typing import Any
 from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import mixins, status, viewsets
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.http import AuthenticatedRequest
 from kernel.api_schema import ERRORS, READ_ERRORS
 from kernel.fields import AwareDateTimeField
-from nodes.models import Node, memory_gb_to_mib
+from nodes.models import Gpu, Node, memory_gb_to_mib
 from reservations import selectors, services
 from reservations.availability import earliest_windows
 from reservations.exceptions import InvalidBooking, SlotConflict
@@ -27,6 +28,7 @@ from reservations.serializers import (
     AvailabilityQuery,
     AvailabilitySerializer,
     ExtendInput,
+    GpuSerializer,
     ReasonInput,
     RequiredReasonInput,
     ReservationCreateInput,
@@ -55,6 +57,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     serializer_class = ReservationSerializer
     queryset = Reservation.objects.none()  # for the schema; get_queryset() decides what is visible
     lookup_value_regex = r"[0-9]{1,18}"  # fits a 64-bit id, so no overflow reaches the database
+    request: AuthenticatedRequest  # the API's default permission, IsAuthenticated, lets no one else in
 
     def get_queryset(self) -> QuerySet[Reservation]:
         user = self.request.user
@@ -88,7 +91,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         request=ReservationCreateInput,
         responses={201: ReservationSerializer, **ERRORS},
     )
-    def create(self, request: Request) -> Response:
+    def create(self, request: AuthenticatedRequest) -> Response:
         data = _validated(ReservationCreateInput, request)
         if "gpus" in data:
             gpus: list[Any] = data["gpus"]
@@ -105,7 +108,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         responses={200: ReservationSerializer, **ERRORS},
     )
     @action(detail=True, methods=["post"])
-    def cancel(self, request: Request, pk: str | None = None) -> Response:
+    def cancel(self, request: AuthenticatedRequest, pk: str | None = None) -> Response:
         data = _validated(ReasonInput, request)
         return self._respond(
             services.reservation_cancel(reservation=self.get_object(), actor=request.user, reason=data["reason"])
@@ -113,7 +116,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
 
     @extend_schema(summary="End a running slot now", request=None, responses={200: ReservationSerializer, **ERRORS})
     @action(detail=True, methods=["post"])
-    def release(self, request: Request, pk: str | None = None) -> Response:
+    def release(self, request: AuthenticatedRequest, pk: str | None = None) -> Response:
         return self._respond(services.reservation_release(reservation=self.get_object(), actor=request.user))
 
     @extend_schema(
@@ -125,7 +128,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         responses={200: ReservationSerializer, **ERRORS},
     )
     @action(detail=True, methods=["post"])
-    def extend(self, request: Request, pk: str | None = None) -> Response:
+    def extend(self, request: AuthenticatedRequest, pk: str | None = None) -> Response:
         data = _validated(ExtendInput, request)
         return self._respond(
             services.reservation_extend(reservation=self.get_object(), actor=request.user, end=data["end"])
@@ -138,7 +141,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         responses={200: ReservationSerializer, **ERRORS},
     )
     @action(detail=True, methods=["post"])
-    def approve(self, request: Request, pk: str | None = None) -> Response:
+    def approve(self, request: AuthenticatedRequest, pk: str | None = None) -> Response:
         data = _validated(ReasonInput, request)
         return self._respond(
             services.reservation_approve(reservation=self.get_object(), actor=request.user, reason=data["reason"])
@@ -150,7 +153,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         responses={200: ReservationSerializer, **ERRORS},
     )
     @action(detail=True, methods=["post"])
-    def reject(self, request: Request, pk: str | None = None) -> Response:
+    def reject(self, request: AuthenticatedRequest, pk: str | None = None) -> Response:
         data = _validated(RequiredReasonInput, request)
         return self._respond(
             services.reservation_reject(reservation=self.get_object(), actor=request.user, reason=data["reason"])
@@ -219,3 +222,37 @@ class AvailabilityView(APIView):
             min_memory_mib=memory_gb_to_mib(data.get("min_memory_gb")),
         )
         return Response(AvailabilitySerializer({"results": windows}).data)
+
+
+class GpuFilters(serializers.Serializer):
+    node = serializers.CharField(required=False, max_length=63)
+    model = serializers.CharField(required=False, max_length=100)
+    min_memory_gb = serializers.IntegerField(required=False, min_value=0, max_value=100_000)
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="GPUs with their current holder and next booking",
+        parameters=[
+            OpenApiParameter("node", str, description="Node name."),
+            OpenApiParameter("model", str, description="Part of the model name, e.g. A100."),
+            OpenApiParameter("min_memory_gb", int, description="At least this much memory."),
+        ],
+        responses={200: GpuSerializer(many=True), **READ_ERRORS},
+    ),
+    retrieve=extend_schema(summary="One GPU", responses={200: GpuSerializer, **READ_ERRORS}),
+)
+class GpuViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = GpuSerializer
+    lookup_value_regex = r"[0-9]{1,18}"
+
+    def get_queryset(self) -> QuerySet[Gpu]:
+        filters = GpuFilters(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        data = filters.validated_data
+        return selectors.gpu_list(
+            now=timezone.now(),
+            node=data.get("node"),
+            model=data.get("model"),
+            min_memory_mib=memory_gb_to_mib(data.get("min_memory_gb")),
+        )

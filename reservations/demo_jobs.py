@@ -1,7 +1,7 @@
 """Demo jobs: a harmless job on the stand-in GPUs of every running demo booking, run as its owner.
 
 On a simulated node a "job" is a process that holds a GPU's stand-in device file open (the simulated
-backend counts those holders, nodes/agent/gpus/simulated.py). For the demo to look like a lab at work,
+backend counts those holders, gpubook_agent/gpus/simulated.py). For the demo to look like a lab at work,
 ``manage.py demo_jobs`` (started by scripts/run) runs one per running booking of a simulated node, as the
 booking's own unix user, as a researcher would: the job opens the files itself, so the ACLs the agent
 granted are what let it in. It works in phases (busy: the files held open; idle: closed), so reports show
@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from nodes.agent import procfs
-from nodes.agent.accounts import AccountCheck
-from nodes.agent.gpus.simulated import closed_to_others, demo_device_dir
-from nodes.agent.usernames import valid_username
+from gpubook_agent import procfs
+from gpubook_agent.accounts import AccountCheck
+from gpubook_agent.gpus.simulated import closed_to_others, demo_device_dir
+from gpubook_agent.usernames import valid_username
 from reservations.models import Allocation, Reservation
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class Wanted:
     """A running booking's job: who runs it, until when, on which stand-in device files."""
 
     reservation: int
-    username: str
+    username: str | None  # None for a user with no unix username yet: no job runs (_account says why)
     end: float  # epoch seconds
     paths: tuple[str, ...]
 

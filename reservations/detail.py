@@ -25,8 +25,8 @@ from accounts.services import who_sets_unix_usernames
 from audit.models import AuditEntry
 from audit.selectors import audit_trail
 from reservations import selectors
-from reservations.calendar import gpu_label
-from reservations.detail_parts import parts_for
+from reservations.calendar_format import gpu_label
+from reservations.detail_parts import booking_page_parts
 from reservations.forms import EXTEND_HOURS, REASON_MAX_LENGTH
 from reservations.models import Reservation
 from reservations.pages import reservation_rows
@@ -52,7 +52,7 @@ def reservation_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "gpus": [{"gpu": gpu, "label": gpu_label(gpu.index, gpu.model, gpu.memory_mib)} for gpu in row.gpus],
         "extensions": extensions,
         "history": history(reservation, extensions=extensions),
-        "parts": parts_for(reservation=reservation, viewer=viewer, now=now),
+        "parts": booking_page_parts.shown(reservation=reservation, viewer=viewer, now=now),
         "here": request.path,
         # An approved extension is merged into its booking and its own page goes: come back there.
         "after_approve": _page_of(reservation.extends_id) if reservation.extends_id else request.path,

@@ -38,7 +38,8 @@ class ExtendForm(forms.Form):
     )
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()  # returns cleaned_data, which the stubs type as optional
+        data = self.cleaned_data
         if not self.errors and data.get("end") is None and data.get("hours") in (None, ""):
             raise forms.ValidationError("Choose how many hours to add, or enter a new end.")
         return data

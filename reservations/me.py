@@ -10,10 +10,10 @@ from typing import Any
 
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
-from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.http import AuthenticatedRequest
 from accounts.serializers import MeSerializer
 from kernel.api_schema import READ_ERRORS
 from reservations.limits import WEEK, Period, busiest_week, effective_limits, peak_gpus
@@ -26,7 +26,7 @@ def _number(value: Any) -> float | None:
 
 class MeView(APIView):
     @extend_schema(summary="You, your limits and your use of them", responses={200: MeSerializer, **READ_ERRORS})
-    def get(self, request: Request) -> Response:
+    def get(self, request: AuthenticatedRequest) -> Response:
         user = request.user
         now = timezone.now()
         limits = effective_limits(user)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.contrib.postgres.fields import RangeBoundary, RangeOperators
 from django.core.exceptions import ValidationError
@@ -71,7 +73,7 @@ class Reservation(models.Model):
     def is_live(self) -> bool:
         return self.status in self.LIVE_STATUSES
 
-    def phase(self, now: object = None) -> str:
+    def phase(self, now: datetime | None = None) -> str:
         """'upcoming', 'running' or 'past' (by the clock, whatever the status)."""
         now = now or timezone.now()
         if now < self.start:
@@ -154,7 +156,7 @@ class MaintenanceWindow(models.Model):
             raise ValidationError({name: problem for name, problem in problems.items() if problem})
         if self.start and self.end and self.end <= self.start:
             raise ValidationError({"end": "The end must be after the start."})
-        if self.gpu_id and self.node_id and self.gpu.node_id != self.node_id:
+        if self.gpu_id and self.node_id and self.gpu is not None and self.gpu.node_id != self.node_id:
             raise ValidationError({"gpu": f"{self.gpu} is not on node {self.node}."})
 
 

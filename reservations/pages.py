@@ -1,6 +1,12 @@
-"""Server-rendered reservation pages: my reservations, pending approvals, and their actions.
+"""Server-rendered reservation pages: the booking calendar, my reservations, pending approvals, and
+their actions.
 
-Plain HTML forms that work without JavaScript. Every change goes through reservations.services;
+The calendar (``/``) is a resource timeline drawn by EventCalendar (vendored under static/vendor/):
+GPUs as rows grouped by node, time across. The page carries the rows for the first paint and loads
+each visible range from the calendar's endpoint (reservations/calendar_api.py); it changes bookings
+through the reservations API like every other client.
+
+The other pages are plain HTML forms that work without JavaScript. Every change goes through reservations.services;
 a refusal (BookingError) becomes an error message on the page the user came from, never a 500.
 """
 
@@ -17,16 +23,20 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from accounts.http import AuthenticatedHttpRequest
 from accounts.selectors import unix_username_requests
 from accounts.services import who_sets_unix_usernames
 from nodes.models import Gpu, cuda_visible_devices
 from reservations import selectors, services
+from reservations.calendar_data import calendar_resources
+from reservations.calendar_format import utc_offset
 from reservations.exceptions import BookingError
 from reservations.forms import EXTEND_HOURS, ExtendForm, ReasonForm, RequiredReasonForm, first_error
 from reservations.models import Reservation
@@ -39,6 +49,40 @@ Status = Reservation.Status
 PAST_DAYS = 30
 PAST_LIMIT = 100
 ADMIN_ACTIONS = frozenset({"approve", "reject"})
+
+
+# --- the calendar ------------------------------------------------------------------------------
+
+
+@login_required
+def calendar_page(request: HttpRequest) -> HttpResponse:
+    user: Any = request.user
+    zone_name = user.zone.key
+    config = {
+        "urls": {
+            "calendar": reverse("api:calendar"),
+            "reservations": reverse("api:reservation-list"),
+        },
+        "csrf_token": get_token(request),
+        "user": user.get_username(),
+        "is_admin": user.is_booking_admin,
+        "grid_minutes": settings.BOOKING_GRID_MINUTES,
+        # EventCalendar takes a fixed offset, not a zone name: the calendar shows the offset the
+        # user's zone has now, so a week that crosses a DST change is drawn with one offset (times
+        # after the change read one hour off). The zone's name is shown on the page.
+        "time_zone": {"name": zone_name, "offset": utc_offset(zone_name, timezone.now())},
+        "purpose_max_length": settings.BOOKING_PURPOSE_MAX_LENGTH,
+        # The rows for the first paint; every data response carries them again.
+        "resources": calendar_resources(),
+    }
+    return render(
+        request,
+        "reservations/calendar.html",
+        {"nav": "calendar", "config": config, "zone_name": zone_name, "zone_offset": config["time_zone"]["offset"]},
+    )
+
+
+# --- my reservations, pending approvals ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -142,7 +186,7 @@ def reservation_rows(
 
 
 @login_required
-def my_reservations(request: HttpRequest) -> HttpResponse:
+def my_reservations(request: AuthenticatedHttpRequest) -> HttpResponse:
     now = timezone.now()
     mine = selectors.reservation_list(user=request.user).filter(user=request.user)
     current = reservation_rows(
@@ -176,7 +220,7 @@ def my_reservations(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-def pending_approvals(request: HttpRequest) -> HttpResponse:
+def pending_approvals(request: AuthenticatedHttpRequest) -> HttpResponse:
     if not request.user.is_booking_admin:
         return _forbidden(request)
     now = timezone.now()
@@ -253,7 +297,7 @@ ACTIONS: dict[str, Callable[[HttpRequest, Reservation], str]] = {
 
 @login_required
 @require_POST
-def reservation_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+def reservation_action(request: AuthenticatedHttpRequest, pk: int, action: str) -> HttpResponse:
     if action not in ACTIONS:
         raise Http404(f"No action {action!r}.")
     if action in ADMIN_ACTIONS and not request.user.is_booking_admin:

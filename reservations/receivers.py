@@ -1,4 +1,5 @@
-"""What reservations does when accounts announce a change (accounts/signals.py)."""
+"""What reservations does when a booking changes (its own announcement: the audit record and the lease
+push) and when accounts announce a change (accounts/signals.py)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,37 @@ from django.utils import timezone
 
 from accounts.models import User
 from accounts.signals import unix_username_changed, user_deactivated
-from nodes.pushes import request_push
+from audit.services import audit_record
 from reservations import services
 from reservations.models import Allocation, Reservation
+from reservations.pushes import request_push
+from reservations.signals import reservation_changed
 
 logger = logging.getLogger(__name__)
 
 DEACTIVATED = "the account was deactivated"
 
 
+@receiver(reservation_changed.in_transaction)
+def audit_booking_change(
+    sender: type, reservation: Reservation, verb: str, actor: Any, before: Any, after: Any, reason: str, **kwargs: Any
+) -> None:
+    """Every change of a booking leaves its audit record, committed with it."""
+    audit_record(
+        actor=actor, action=f"reservation.{verb}", target=reservation, before=before, after=after, reason=reason
+    )
+
+
+@receiver(reservation_changed.on_commit)
+def push_node_leases(sender: type, reservation: Reservation, **kwargs: Any) -> None:
+    """The node hears of every committed change to its bookings (coalesced: reservations/pushes.py)."""
+    request_push(reservation.node_id)
+
+
 @receiver(user_deactivated)
 def end_bookings_of_deactivated_user(sender: type, user_id: int, **kwargs: Any) -> None:
     """Runs after the deactivation committed. The leases leave the person out from now on
-    (nodes.leases); their nodes hear it at once, then the bookings are ended for the record. A
+    (reservations.leases); their nodes hear it at once, then the bookings are ended for the record. A
     failure here is logged: beat's sweep (reservations.end_inactive_bookings) finishes the job."""
     _push_nodes_of(user_id)
     user = User.objects.filter(pk=user_id, is_active=False).first()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
 
+from accounts.models import User
 from nodes.models import BOOKABLE_GPUS, Gpu, Node
 from reservations.limits import Period
 from reservations.models import Allocation, MaintenanceWindow, Reservation
@@ -38,7 +38,7 @@ def maintenance_overlapping(
 
 
 def held_periods(
-    *, user: Any, start: datetime, end: datetime, exclude_reservation_id: int | None = None
+    *, user: User, start: datetime, end: datetime, exclude_reservation_id: int | None = None
 ) -> list[Period]:
     """The user's live bookings overlapping [start, end), one Period per reservation."""
     qs = Allocation.objects.filter(active=True, reservation__user=user, start__lt=end, end__gt=start)
@@ -62,7 +62,7 @@ def pending_extension(reservation: Reservation) -> Reservation | None:
     return reservation.extensions.filter(status=Reservation.Status.PENDING).order_by("pk").first()
 
 
-def reservation_list(*, user: Any) -> QuerySet[Reservation]:
+def reservation_list(*, user: User) -> QuerySet[Reservation]:
     """What ``user`` may see: admins everything; researchers their own reservations and everyone
     else's live ones (shown as busy slots by the serializer)."""
     qs = (
@@ -81,7 +81,7 @@ def reservation_list(*, user: Any) -> QuerySet[Reservation]:
     return qs.order_by("start", "id")
 
 
-def reservations_actionable(*, user: Any) -> QuerySet[Reservation]:
+def reservations_actionable(*, user: User) -> QuerySet[Reservation]:
     """The reservations ``user`` may act on (others' answer 404)."""
     qs = reservation_list(user=user)
     return qs if user.is_booking_admin else qs.filter(user=user)
@@ -100,3 +100,30 @@ def free_gpus(*, node: Node, count: int, start: datetime, end: datetime) -> list
         .select_related("node")
         .order_by("index")[:count]
     )
+
+
+def gpu_list(
+    *, now: datetime, node: str | None = None, model: str | None = None, min_memory_mib: int | None = None
+) -> QuerySet[Gpu]:
+    """GPUs with their current holder and next booking, in one query whatever the data size
+    (each annotation is an index-backed subquery on the active allocations)."""
+    qs = Gpu.objects.select_related("node")
+    if node:
+        qs = qs.filter(node__name=node)
+    if model:
+        qs = qs.filter(model__icontains=model)
+    if min_memory_mib is not None:
+        qs = qs.filter(memory_mib__gte=min_memory_mib)
+
+    live = Allocation.objects.filter(gpu=OuterRef("pk"), active=True)
+    current = live.filter(start__lte=now, end__gt=now).order_by("start")
+    upcoming = live.filter(start__gt=now).order_by("start")
+    annotations: dict[str, Subquery] = {}
+    for prefix, source in (("current", current), ("next", upcoming)):
+        annotations |= {
+            f"{prefix}_reservation": Subquery(source.values("reservation_id")[:1]),
+            f"{prefix}_user": Subquery(source.values("reservation__user__username")[:1]),
+            f"{prefix}_start": Subquery(source.values("start")[:1]),
+            f"{prefix}_end": Subquery(source.values("end")[:1]),
+        }
+    return qs.annotate(**annotations).order_by("node__name", "index")

@@ -11,6 +11,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from kernel.fields import AwareDateTimeField
+from nodes.models import Gpu
 from reservations.models import Reservation
 from reservations.selectors import pending_extension
 
@@ -174,3 +175,44 @@ class WindowSerializer(serializers.Serializer):
 
 class AvailabilitySerializer(serializers.Serializer):
     results = WindowSerializer(many=True)
+
+
+# --- GPUs with their holder and next booking (GET /api/v1/gpus/) ------------------------------
+
+
+class HolderSerializer(serializers.Serializer):
+    reservation = serializers.IntegerField()
+    user = serializers.CharField()
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name", read_only=True)
+    current = serializers.SerializerMethodField(help_text="Who holds it now, and until when.")
+    next = serializers.SerializerMethodField(help_text="The next booking.")
+
+    class Meta:
+        model = Gpu
+        fields = ("id", "node", "index", "uuid", "model", "memory_mib", "bookable", "drained_at", "current", "next")
+        read_only_fields = fields
+
+    @staticmethod
+    def _slot(obj: Gpu, prefix: str) -> dict[str, Any] | None:
+        reservation = getattr(obj, f"{prefix}_reservation", None)
+        if reservation is None:
+            return None
+        return {
+            "reservation": reservation,
+            "user": getattr(obj, f"{prefix}_user"),
+            "start": getattr(obj, f"{prefix}_start"),
+            "end": getattr(obj, f"{prefix}_end"),
+        }
+
+    @extend_schema_field(HolderSerializer(allow_null=True))
+    def get_current(self, obj: Gpu) -> dict[str, Any] | None:
+        return self._slot(obj, "current")
+
+    @extend_schema_field(HolderSerializer(allow_null=True))
+    def get_next(self, obj: Gpu) -> dict[str, Any] | None:
+        return self._slot(obj, "next")

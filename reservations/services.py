@@ -12,24 +12,20 @@ queue up instead of racing. On SQLite the transaction itself is the lock (BEGIN 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from accounts.models import User
 from accounts.services import who_sets_unix_usernames
 from audit.services import audit_record
-from live import broadcast
 from nodes.models import Gpu, Node
-from nodes.pushes import push_after_commit
-from nodes.status import broadcast_node_status
-from notifications.hooks import mail_after_commit
 from reservations import selectors
 from reservations.exceptions import (
     BookingBusy,
@@ -41,9 +37,9 @@ from reservations.exceptions import (
 )
 from reservations.limits import EffectiveLimits, Period, check_limits, effective_limits
 from reservations.models import Allocation, Reservation
+from reservations.signals import reservation_changed
 from reservations.timegrid import ceil_to_grid, floor_to_grid, format_moment, format_period, require_in_calendar
 
-User = get_user_model()
 Status = Reservation.Status
 
 
@@ -52,7 +48,7 @@ Status = Reservation.Status
 
 def reservation_create(
     *,
-    user: Any,
+    user: User,
     gpus: Sequence[Gpu | int],
     start: datetime,
     end: datetime,
@@ -120,7 +116,7 @@ def reservation_approve(*, reservation: Reservation, actor: Any, reason: str = "
     which is returned."""
     _require_admin(actor, "approve bookings")
     if reservation.extends_id is not None:
-        return _approve_extension(reservation, actor=actor, reason=reason)
+        return _approve_extension(reservation, booking_id=reservation.extends_id, actor=actor, reason=reason)
     with _booking_transaction():
         locked = _lock(reservation.pk)
         _require_status(locked, (Status.PENDING,), "approved")
@@ -211,8 +207,8 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
     _require_aware(end, "end")
     new_end = ceil_to_grid(end)
     current = Reservation.objects.select_related("user", "extends").filter(pk=reservation.pk).first()
-    if current is None:
-        _lock(reservation.pk)  # raises: an extension approved meanwhile
+    if current is None:  # an extension approved meanwhile
+        raise _merged_meanwhile(reservation.pk)
     gpu_ids = list(current.allocations.values_list("gpu_id", flat=True))
     with _booking_transaction():
         _lock_booking_rows(user_id=current.user_id, gpu_ids=gpu_ids)
@@ -242,7 +238,7 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
         limits = effective_limits(locked.user)
         if not actor.is_booking_admin:
             # A waiting extension made longer is judged with its booking: the slot approval would make.
-            whole_start = current.extends.start if current.extends_id is not None else locked.start
+            whole_start = current.extends.start if current.extends is not None else locked.start
             check_limits(
                 limits=limits,
                 slot=(whole_start, new_end),
@@ -261,11 +257,11 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
     return locked
 
 
-def reservations_end_for_inactive_user(*, user: Any, reason: str, actor: Any | None = None) -> list[Reservation]:
+def reservations_end_for_inactive_user(*, user: User, reason: str, actor: Any | None = None) -> list[Reservation]:
     """A deactivated account keeps nothing: its future bookings are cancelled and its running ones
     released now, each audited with ``reason``; the nodes get their new state at once.
 
-    The leases already leave out inactive users (nodes.leases), so the GPUs close even before this
+    The leases already leave out inactive users (reservations.leases), so the GPUs close even before this
     runs; this makes the calendar, the limits and the records say so too. Idempotent: a booking
     already over, cancelled or rejected is left as it is. Returns the bookings it ended.
     """
@@ -298,7 +294,7 @@ def reservations_end_for_inactive_user(*, user: Any, reason: str, actor: Any | N
 _WEEK = timedelta(days=7)
 
 
-def _require_aware(value: Any, field: str) -> None:
+def _require_aware(value: object, field: str) -> None:
     if not isinstance(value, datetime):
         raise InvalidBooking(f"The {field} must be a date and time.", field=field)
     if timezone.is_naive(value):
@@ -327,7 +323,7 @@ def _snap_slot(start: datetime, end: datetime, now: datetime) -> tuple[datetime,
     return max(snapped_start, now.replace(microsecond=0)), snapped_end
 
 
-def _clean_purpose(purpose: Any) -> str:
+def _clean_purpose(purpose: object) -> str:
     if purpose is None:
         return ""
     if not isinstance(purpose, str):
@@ -434,7 +430,7 @@ def _conflict(clashes: list[Allocation]) -> SlotConflict:
     )
 
 
-def _held(limits: EffectiveLimits, *, user: Any, start: datetime, end: datetime) -> list[Period]:
+def _held(limits: EffectiveLimits, *, user: User, start: datetime, end: datetime) -> list[Period]:
     """The user's bookings that the rolling-week and at-once limits can see from [start, end)."""
     if not limits.counts_usage:
         return []
@@ -471,25 +467,23 @@ def _changed(
     reason: str = "",
     mail_verb: str | None = None,
 ) -> None:
-    """Every state change: audited; once this commits, the node gets its new lease state, open
-    pages learn of it (the calendar of the period it touched, the node's status cards) and the
-    mails it calls for are queued."""
-    push_after_commit(reservation.node_id)
+    """Every state change is announced, inside its transaction: the receivers audit it and queue its
+    mails with it, and once it commits push the node its new lease state and tell open pages
+    (reservations/signals.py lists them)."""
     after = _snapshot(reservation)
-    audit_record(
+    touched = [after] + ([before] if before else [])
+    reservation_changed.send(
+        sender=Reservation,
+        reservation=reservation,
+        verb=verb,
+        mail_verb=mail_verb or verb,
         actor=actor,
-        action=f"reservation.{verb}",
-        target=reservation,
+        reason=reason,
         before=before,
         after=after,
-        reason=reason,
+        touched_start=min(datetime.fromisoformat(s["start"]) for s in touched).astimezone(UTC).isoformat(),
+        touched_end=max(datetime.fromisoformat(s["end"]) for s in touched).astimezone(UTC).isoformat(),
     )
-    touched = [after] + ([before] if before else [])
-    start = min(datetime.fromisoformat(s["start"]) for s in touched).astimezone(UTC).isoformat()
-    end = max(datetime.fromisoformat(s["end"]) for s in touched).astimezone(UTC).isoformat()
-    broadcast_node_status([reservation.node_id])
-    transaction.on_commit(lambda: broadcast.send_calendar_change(node=after["node"], start=start, end=end))
-    mail_after_commit(reservation.pk, mail_verb or verb)
 
 
 def _snapshot(reservation: Reservation) -> dict[str, Any]:
@@ -554,11 +548,11 @@ def _request_extension(
     return extension
 
 
-def _approve_extension(extension: Reservation, *, actor: Any, reason: str) -> Reservation:
+def _approve_extension(extension: Reservation, *, booking_id: int, actor: Any, reason: str) -> Reservation:
     """Merge an approved extension into the booking it extends: the booking ends at the
     extension's end, and the extension's own record goes (the audit trail keeps both)."""
     with _booking_transaction():
-        booking = _lock(extension.extends_id)
+        booking = _lock(booking_id)
         locked = _lock(extension.pk)
         _require_status(locked, (Status.PENDING,), "approved")
         now = timezone.now()
@@ -597,10 +591,14 @@ def _lock(reservation_id: int) -> Reservation:
     try:
         return selectors.reservation_for_update(reservation_id)
     except Reservation.DoesNotExist:
-        raise InvalidState(
-            f"Reservation #{reservation_id} no longer exists: an extension is merged into its booking when it "
-            "is approved. Look at the booking it extended."
-        ) from None
+        raise _merged_meanwhile(reservation_id) from None
+
+
+def _merged_meanwhile(reservation_id: int) -> InvalidState:
+    return InvalidState(
+        f"Reservation #{reservation_id} no longer exists: an extension is merged into its booking when it "
+        "is approved. Look at the booking it extended."
+    )
 
 
 def _lock_booking_rows(*, user_id: int, gpu_ids: list[int]) -> None:
@@ -618,7 +616,7 @@ def _extend_allocations(reservation: Reservation, gpus: list[Gpu], new_end: date
     _guarded_by_constraint(lambda: reservation.allocations.update(end=new_end), gpus, reservation)
 
 
-def _guarded_by_constraint(write: Any, gpus: list[Gpu], reservation: Reservation) -> None:
+def _guarded_by_constraint(write: Callable[[], object], gpus: list[Gpu], reservation: Reservation) -> None:
     """Run ``write``; if the exclusion constraint refuses it, raise the same SlotConflict the
     check would have raised (with the slot that won the race named)."""
     try:

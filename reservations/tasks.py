@@ -8,6 +8,9 @@ from django.utils import timezone
 from accounts.models import User
 from reservations import services
 from reservations.models import Reservation
+
+# The lease pushes live beside what they push; imported here so that the worker registers them.
+from reservations.pushes import push_all_leases, push_node_leases  # noqa: F401
 from reservations.receivers import DEACTIVATED
 
 

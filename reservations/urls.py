@@ -1,9 +1,9 @@
 from django.urls import path
 
-from reservations import calendar, detail, pages
+from reservations import detail, pages
 
 urlpatterns = [
-    path("", calendar.calendar_page, name="calendar"),
+    path("", pages.calendar_page, name="calendar"),
     path("reservations/mine/", pages.my_reservations, name="my-reservations"),
     path("reservations/pending/", pages.pending_approvals, name="pending-approvals"),
     path("reservations/<int:pk>/", detail.reservation_detail, name="reservation-detail"),

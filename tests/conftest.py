@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 from nodes.models import Node
-from tests.factories import UserFactory, node_with_gpus
+from tests.factories import UserFactory, book, node_with_gpus
 
 MONDAY_9 = datetime(2030, 1, 7, 9, 0, tzinfo=UTC)
 
@@ -141,3 +141,18 @@ def smtp_server(settings):
     settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
     yield server
     server.stop()
+
+
+@pytest.fixture
+def booked(smtp_server):
+    """``book()``, then let the booking's confirmation go (the mail outbox) and forget that mail: for
+    the tests of the mails that come later."""
+    from notifications.services import outbox_drain
+
+    def book_and_forget_the_confirmation(*args, **kwargs):
+        reservation = book(*args, **kwargs)
+        outbox_drain()
+        smtp_server.clear()
+        return reservation
+
+    return book_and_forget_the_confirmation

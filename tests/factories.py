@@ -1,9 +1,18 @@
+"""What tests make: factory_boy factories, a node with its GPUs, and ``book()``, the one way a test
+sets up a booking."""
+
 from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
 
 import factory
 from django.contrib.auth import get_user_model
 
 from nodes.models import Gpu, Node
+from reservations.models import Allocation, Reservation
+from reservations.services import reservation_create
 
 
 class UserFactory(factory.django.DjangoModelFactory):
@@ -41,3 +50,49 @@ def node_with_gpus(count: int = 4, **node_fields: object) -> Node:
     for index in range(count):
         GpuFactory(node=node, index=index)
     return node
+
+
+def book(
+    user: Any,
+    gpus: Sequence[Gpu],  # or what a test passes to see it refused: ids, junk, none
+    start: datetime,
+    end: datetime,
+    *,
+    purpose: str = "",
+    actor: Any | None = None,
+    pending: bool = False,
+    direct: bool = False,
+) -> Reservation:
+    """``user``'s booking of ``gpus`` (all on one node) from ``start`` to ``end``.
+
+    Made by reservation_create, as people make them: the rules apply, and the audit entry and the
+    confirmation mail are written. ``actor`` books for someone else (an admin's booking skips the
+    limits and approval); ``pending`` makes it a request that waits for approval even on a node
+    that needs none.
+
+    ``direct`` writes the reservation and its allocations as the service leaves them, approved
+    unless ``pending``, without its rules: for a slot that began in the past, which the service
+    refuses, and for tests on the real clock, whose current grid cell may have just moved on.
+    """
+    if direct:
+        status = Reservation.Status.PENDING if pending else Reservation.Status.APPROVED
+        reservation = Reservation.objects.create(
+            user=user,
+            node=gpus[0].node,
+            start=start,
+            end=end,
+            status=status,
+            purpose=purpose,
+            created_by=actor or user,
+        )
+        for gpu in gpus:
+            Allocation.objects.create(reservation=reservation, gpu=gpu, start=start, end=end)
+        return reservation
+    required = 0
+    if pending:  # the service asks for approval where the node requires it: require it for this booking
+        required = Node.objects.filter(pk=gpus[0].node_id, requires_approval=False).update(requires_approval=True)
+    try:
+        return reservation_create(user=user, gpus=gpus, start=start, end=end, purpose=purpose, actor=actor)
+    finally:
+        if required:
+            Node.objects.filter(pk=gpus[0].node_id).update(requires_approval=False)

@@ -9,7 +9,7 @@ from email.message import EmailMessage
 
 from aiosmtpd.controller import Controller
 
-from tests.nodes.agent.harness import free_port, wait_for
+from tests.agent.harness import free_port, wait_for
 
 
 class _Keeper:

@@ -1,5 +1,5 @@
 """``{% open_alerts_data as alerts %}``: the open alerts for the admins' status page panel (the
-page's own view stays in nodes/pages.py; the panel then follows the websocket topic "alerts")."""
+page's own view stays in live/pages.py; the panel then follows the websocket topic "alerts")."""
 
 from __future__ import annotations
 

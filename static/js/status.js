@@ -1,9 +1,9 @@
-/* The GPU status page (templates/nodes/status.html): one card per GPU, grouped by node.
+/* The GPU status page (templates/live/status.html): one card per GPU, grouped by node.
  *
  * The page arrives with the fleet's cards (config.status); the websocket topic "status" then sends
  * a full snapshot on (re)connecting, each node's new readings as its agent reports them, and a
  * node's whole cards again when a booking, maintenance window, drain, slot boundary or a return
- * from offline changes them (nodes/status.py builds them; this only draws).
+ * from offline changes them (reservations/fleet.py builds them, live/status.py sends them; this only draws).
  * Admins also follow "events": what the agents did and saw, newest first; and "alerts": the open
  * alerts (alerts/), a full list on (re)connecting, then each one as it opens or resolves. An alert
  * about the portal itself (periodic jobs late) has no node.

@@ -13,6 +13,7 @@ from accounting.rollup import rollup, rollup_recent
 from nodes.models import GpuMinute
 from reservations.services import reservation_create, reservation_release
 from tests.conftest import at
+from tests.factories import book
 
 pytestmark = pytest.mark.usefixtures("clock")
 DAY_START, DAY_END = at(-9), at(15)  # Monday 2030-01-07, 00:00 to 24:00 UTC
@@ -40,10 +41,10 @@ def day(clock, alice, bob, carol, gpus):
     vision, nlp = Group.objects.create(name="vision"), Group.objects.create(name="nlp")
     alice.groups.add(vision)
     bob.groups.add(vision, nlp)
-    both = reservation_create(user=alice, gpus=gpus[:2], start=at(1), end=at(3))  # 10:00-12:00
-    idle = reservation_create(user=bob, gpus=[gpus[2]], start=at(4), end=at(8))  # 13:00-17:00
-    unknown = reservation_create(user=carol, gpus=[gpus[3]], start=at(1), end=at(2))  # 10:00-11:00
-    later = reservation_create(user=alice, gpus=[gpus[3]], start=at(5), end=at(7))  # 14:00-16:00
+    both = book(alice, gpus[:2], at(1), at(3))  # 10:00-12:00
+    idle = book(bob, [gpus[2]], at(4), at(8))  # 13:00-17:00
+    unknown = book(carol, [gpus[3]], at(1), at(2))  # 10:00-11:00
+    later = book(alice, [gpus[3]], at(5), at(7))  # 14:00-16:00
     minutes(gpus[0], at(1), 60, utilization=80)
     minutes(gpus[1], at(1), 120, utilization=2)  # under the 10 % threshold
     minutes(gpus[2], at(4), 240, utilization=0)

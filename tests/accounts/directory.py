@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.nodes.agent.harness import free_port, port_open, terminate, wait_for
+from tests.agent.harness import free_port, port_open, terminate, wait_for
 
 SLAPD = shutil.which("slapd") or "/usr/sbin/slapd"
 SUFFIX = "dc=example,dc=org"

@@ -13,11 +13,11 @@ from django.urls import reverse
 from accounts.models import User
 from accounts.services import user_deactivate
 from audit.models import AuditEntry
-from nodes.leases import node_leases
+from reservations.leases import node_leases
 from reservations.models import Reservation
-from reservations.services import reservation_create
 from reservations.tasks import end_inactive_bookings
 from tests.conftest import at
+from tests.factories import book
 from tests.test_settings import run
 
 pytestmark = pytest.mark.usefixtures("clock")
@@ -31,12 +31,10 @@ NOW = at(0.5)
 @pytest.fixture
 def bookings(alice, bob, gpus, clock):
     """At NOW, alice has one booking running, one tomorrow and one long over; bob one running."""
-    running = reservation_create(user=alice, gpus=gpus[:1], start=at(0), end=at(3))
-    later = reservation_create(user=alice, gpus=gpus[1:2], start=at(24), end=at(26))
-    past = Reservation.objects.create(
-        user=alice, node=running.node, start=at(-5), end=at(-4), status=Status.APPROVED, created_by=alice
-    )
-    other = reservation_create(user=bob, gpus=gpus[2:3], start=at(0), end=at(2))
+    running = book(alice, gpus[:1], at(0), at(3))
+    later = book(alice, gpus[1:2], at(24), at(26))
+    past = book(alice, gpus[3:4], at(-5), at(-4), direct=True)
+    other = book(bob, gpus[2:3], at(0), at(2))
     clock.move_to(NOW)
     return running, later, past, other
 

@@ -17,9 +17,9 @@ from accounts.services import (
 )
 from audit.models import AuditEntry
 from kernel.redis_client import redis_client
-from nodes.leases import node_leases
-from nodes.pushes import PENDING_KEY
 from reservations.exceptions import InvalidBooking
+from reservations.leases import node_leases
+from reservations.pushes import PENDING_KEY
 from reservations.services import reservation_create
 from tests.conftest import MONDAY_9, at
 from tests.factories import UserFactory

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from nodes.reports import agent_events_record, telemetry_record
+from nodes.ingest import agent_events_record, telemetry_record
 
 
 def reading(gpu, **values: Any) -> dict[str, Any]:

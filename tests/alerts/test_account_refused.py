@@ -11,7 +11,7 @@ from nodes.models import NodeEvent
 from reservations.services import reservation_create
 from tests.alerts.helpers import event
 from tests.conftest import at
-from tests.factories import node_with_gpus
+from tests.factories import book, node_with_gpus
 
 pytestmark = pytest.mark.usefixtures("clock")
 MESSAGE = "'alice' is a system account on this node (uid 33 is below UID_MIN 1000)"
@@ -24,7 +24,7 @@ def open_refusals():
 @pytest.fixture
 def refused(alice, node, gpus):
     """alice's booking on the node, whose lease the node refused."""
-    booking = reservation_create(user=alice, gpus=gpus[:1], start=at(0), end=at(1))
+    booking = book(alice, gpus[:1], at(0), at(1))
     event(node, "lease_refused", user="alice", reservation=booking.pk, message=MESSAGE)
     return booking
 

@@ -11,10 +11,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from alerts.models import Alert, AlertStreak
-from alerts.services import Subject, alert_open
+from alerts.records import Subject, alert_open
+from live.status import refresh_status
+from nodes.ingest import agent_heartbeat_record
 from nodes.models import AgentState, NodeEvent
-from nodes.reports import agent_heartbeat_record, gpu_return_to_service
-from nodes.status import refresh_status
+from nodes.services import gpu_return_to_service
 from tests.alerts.helpers import event, report
 
 pytestmark = pytest.mark.usefixtures("clock")

@@ -10,13 +10,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from alerts.idle import alerts_check_idle
 from alerts.models import Alert
-from alerts.services import alerts_check_idle
 from audit.models import AuditEntry
 from nodes.models import GpuMinute
 from notifications.models import Kind, Notification
 from notifications.services import outbox_drain
-from reservations.services import reservation_create
 from tests.conftest import at
 from tests.mailserver import text_of
 
@@ -32,12 +31,10 @@ def minutes(gpu, start, count, utilization):
 
 
 @pytest.fixture
-def booking(alice, gpus, clock, smtp_server):
+def booking(alice, gpus, clock, booked):
     """alice holds GPUs 0 and 1 from 10:00 to 13:00 (her confirmation sent and forgotten); the clock
     is at 10:40."""
-    reservation = reservation_create(user=alice, gpus=gpus[:2], start=at(1), end=at(4), purpose="training")
-    outbox_drain()
-    smtp_server.clear()
+    reservation = booked(alice, gpus[:2], at(1), at(4), purpose="training")
     clock.move_to(at(1, 0) + timedelta(minutes=40), tick=False)
     return reservation
 

@@ -13,10 +13,11 @@ from celery.schedules import crontab, schedule
 from django.test import Client
 from django.utils import timezone
 
+from alerts.conditions import alerts_check_jobs
 from alerts.jobs import HEADER, LATE_AT_LEAST, job_states, job_succeeded, period_of, tag_schedule
 from alerts.models import Alert, PeriodicJob
-from alerts.services import alerts_check_jobs, alerts_mail_staff
-from nodes.reports import agent_heartbeat_record
+from alerts.staff_mail import alerts_mail_staff
+from nodes.ingest import agent_heartbeat_record
 from portal.celery import app
 from tests.alerts.test_conditions import heartbeat_data
 from tests.mailserver import subject_of, text_of

@@ -23,11 +23,12 @@ from django.utils import timezone
 
 from alerts.jobs import HEADER
 from alerts.models import Alert, PeriodicJob
-from alerts.tasks import check_idle, mail_staff
+from alerts.staff_mail import mail_staff
+from alerts.tasks import check_idle
 from portal.celery import app
+from tests.agent.harness import wait_for
 from tests.mailserver import subject_of, text_of
 from tests.metrics.conftest import TOKEN, value
-from tests.nodes.agent.harness import wait_for
 from tests.nodes.queues import purge
 from tests.nodes.test_agent_reports import HEARTBEAT, agent_client, heartbeat
 

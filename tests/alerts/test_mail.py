@@ -14,8 +14,7 @@ from django.utils import timezone
 
 from alerts.models import Alert
 from alerts.selectors import alert_data
-from alerts.services import _claim, alerts_mail_staff
-from alerts.tasks import mail_staff
+from alerts.staff_mail import _claim, alerts_mail_staff, mail_staff
 from nodes.models import NodeEvent
 from portal.celery import app
 from tests.alerts.helpers import event, report

@@ -14,9 +14,9 @@ from playwright.sync_api import expect
 
 from alerts.jobs import job_succeeded
 from alerts.models import Alert, PeriodicJob
-from alerts.services import Subject, alert_open
+from alerts.records import Subject, alert_open
 from portal.celery import app
-from tests.browser.test_live import open_page
+from tests.browser.helpers import open_page
 from tests.live.server import AsgiServer, heartbeat, post_agent, telemetry
 
 

@@ -16,28 +16,10 @@ from playwright.sync_api import Page, expect
 from reservations.models import Allocation, Reservation
 from reservations.services import reservation_create
 from reservations.timegrid import ceil_to_grid
-from tests.browser.conftest import log_in, save_screenshot
-from tests.factories import node_with_gpus
+from tests.browser.helpers import block, first_day, log_in, open_tomorrow, save_screenshot, tomorrow_at
+from tests.factories import book, node_with_gpus
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def tomorrow_at(hour: int) -> datetime:
-    day = (timezone.now() + timedelta(days=1)).date()
-    return datetime.combine(day, time(hour), tzinfo=UTC)
-
-
-def first_day(page: Page):
-    """The date of the first day the calendar shows, as its column header says ("2030-01-07")."""
-    return page.locator(".ec-header .ec-col-head time").first
-
-
-def open_tomorrow(page: Page) -> None:
-    """Go to tomorrow (the day view shows it and the day after) and wait until it is drawn and its
-    bookings are loaded."""
-    page.get_by_role("button", name="Next day").click()
-    expect(first_day(page)).to_have_attribute("datetime", f"{tomorrow_at(0):%Y-%m-%d}")
-    expect(page.locator("#calendar")).to_have_attribute("aria-busy", "false")
 
 
 def slot_x(page: Page, label: str) -> float:
@@ -69,22 +51,6 @@ def drag(page: Page, gpu_index: int, start: str, end: str, *, backwards: bool = 
 
 def event(page: Page, reservation: Reservation):
     return page.locator(f'.ec-event[data-reservation-id="{reservation.pk}"]').first
-
-
-def running_booking(user, gpu, hours: float = 2) -> Reservation:
-    """A slot that started a minute ago and ends on the booking grid (written directly: the rules
-    forbid booking the past)."""
-    now = timezone.now().replace(microsecond=0)
-    booking = Reservation.objects.create(
-        user=user,
-        node=gpu.node,
-        start=now - timedelta(minutes=1),
-        end=ceil_to_grid(now + timedelta(hours=hours)),
-        status=Reservation.Status.APPROVED,
-        created_by=user,
-    )
-    Allocation.objects.create(reservation=booking, gpu=gpu, start=booking.start, end=booking.end)
-    return booking
 
 
 def next_week_start() -> datetime:
@@ -122,10 +88,6 @@ def open_next_week(page: Page) -> None:
     page.get_by_role("button", name="Next week").click()
     expect(first_day(page)).to_have_attribute("datetime", f"{next_week_start():%Y-%m-%d}")
     expect(page.locator("#calendar")).to_have_attribute("aria-busy", "false")
-
-
-def block(page: Page, reservation: Reservation):
-    return page.locator(f'.run-blocks .block[data-reservation-id="{reservation.pk}"]')
 
 
 def test_the_calendar_opens_on_today_in_the_readers_zone_whatever_the_browsers(browser, live_server, alice, gpus):
@@ -188,7 +150,9 @@ def test_a_conflicting_selection_shows_the_conflict_and_books_nothing(page, live
 
 
 def test_release_and_extend_a_running_booking(page, live_server, alice, gpus, screenshot):
-    booking = running_booking(alice, gpus[0])
+    now = timezone.now().replace(microsecond=0)
+    # Started a minute ago, ending on the booking grid: written directly, as the rules forbid booking the past.
+    booking = book(alice, [gpus[0]], now - timedelta(minutes=1), ceil_to_grid(now + timedelta(hours=2)), direct=True)
     end = booking.end
     log_in(page, live_server, "alice")
 

@@ -17,10 +17,8 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import save_screenshot
-from tests.browser.test_calendar import first_day
+from tests.browser.helpers import first_day, give_session, save_screenshot
 from tests.factories import node_with_gpus
-from tests.live.server import session_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,7 +50,7 @@ def evening(alice, gpus):
 def open_calendar(browser, server, user, viewport: dict) -> Page:
     # A browser in another zone than alice's reading one: the calendar follows her setting.
     context = browser.new_context(viewport=viewport, timezone_id="America/New_York")
-    context.add_cookies([{"name": "sessionid", "value": session_for(user), "url": server.url}])
+    give_session(context, server, user)
     page = context.new_page()
     page.goto(f"{server.url}/")
     expect(page.locator("#calendar")).to_have_attribute("aria-busy", "false")

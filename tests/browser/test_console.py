@@ -10,33 +10,11 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from reservations.models import Allocation, Reservation
-from tests.live.server import heartbeat, post_agent, session_for, telemetry
+from tests.browser.helpers import Problems, give_session
+from tests.factories import book
+from tests.live.server import heartbeat, post_agent, telemetry
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Problems:
-    """What went wrong on a page: console errors, uncaught errors, failed or refused requests."""
-
-    def __init__(self, page: Page) -> None:
-        self.seen: list[str] = []
-        page.on("console", self.console)
-        page.on("pageerror", lambda error: self.seen.append(f"uncaught: {error}"))
-        page.on("requestfailed", lambda request: self.seen.append(f"failed: {request.url} {request.failure}"))
-        page.on("response", self.response)
-
-    def console(self, message) -> None:
-        if message.type == "error":
-            self.seen.append(f"console: {message.text} ({message.location.get('url')})")
-
-    def response(self, response) -> None:
-        if response.status >= 400:
-            self.seen.append(f"{response.status}: {response.url}")
-
-    def take(self) -> list[str]:
-        seen, self.seen = self.seen, []
-        return seen
 
 
 @pytest.fixture
@@ -44,26 +22,13 @@ def lab(live_lab):
     """live_lab's node reporting, one running booking of the researcher's and a pending one."""
     researcher, gpus = live_lab["researcher"], live_lab["gpus"]
     now = timezone.now()
-    running = Reservation.objects.create(
-        user=researcher,
-        node=live_lab["node"],
-        start=now - timedelta(minutes=20),
-        end=now + timedelta(hours=2),
-        status=Reservation.Status.APPROVED,
-        purpose="training",
-        created_by=researcher,
+    running = book(
+        researcher, gpus[:1], now - timedelta(minutes=20), now + timedelta(hours=2), purpose="training", direct=True
     )
-    Allocation.objects.create(reservation=running, gpu=gpus[0], start=running.start, end=running.end)
-    pending = Reservation.objects.create(
-        user=researcher,
-        node=live_lab["node"],
-        start=now + timedelta(days=1),
-        end=now + timedelta(days=1, hours=2),
-        status=Reservation.Status.PENDING,
-        purpose="sweep",
-        created_by=researcher,
+    tomorrow = now + timedelta(days=1)
+    pending = book(
+        researcher, gpus[1:2], tomorrow, tomorrow + timedelta(hours=2), purpose="sweep", pending=True, direct=True
     )
-    Allocation.objects.create(reservation=pending, gpu=gpus[1], start=pending.start, end=pending.end)
     return {**live_lab, "running": running, "pending": pending}
 
 
@@ -100,7 +65,7 @@ def test_no_page_logs_an_error_or_fails_a_request(asgi_server, lab, browser, rol
     found: dict[str, list[str]] = {}
 
     found["/accounts/login/"] = visit(page, problems, f"{asgi_server.url}/accounts/login/")
-    context.add_cookies([{"name": "sessionid", "value": session_for(user), "url": asgi_server.url}])
+    give_session(context, asgi_server, user)
     for path in pages_of(lab, admin=role == "admin"):
         found[path] = visit(page, problems, f"{asgi_server.url}{path}")
         if path == "/":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from playwright.sync_api import expect
 
-from tests.browser.conftest import log_in, save_screenshot
+from tests.browser.helpers import log_in, save_screenshot
 
 
 def test_a_researcher_copies_a_feed_url_reads_it_and_rotates(page, live_server, alice, node, request):

@@ -9,7 +9,7 @@ from playwright.sync_api import expect
 from accounts.models import User
 from reservations.models import Reservation
 from reservations.services import reservation_create
-from tests.browser.conftest import log_in, save_screenshot
+from tests.browser.helpers import log_in, save_screenshot
 from tests.factories import UserFactory
 
 

@@ -10,31 +10,18 @@ from datetime import timedelta
 from django.utils import timezone
 from playwright.sync_api import expect
 
+from live.status import refresh_status
 from nodes.models import AgentState
-from nodes.status import refresh_status
-from reservations.models import Allocation, Reservation
 from reservations.services import reservation_cancel, reservation_create
-from tests.browser.test_calendar import block, open_tomorrow, tomorrow_at
-from tests.live.server import heartbeat, post_agent, session_for, telemetry
-
-
-def open_page(page, server, user, path: str = "/status/") -> None:
-    page.context.add_cookies([{"name": "sessionid", "value": session_for(user), "url": server.url}])
-    page.goto(f"{server.url}{path}")
+from tests.browser.helpers import block, open_page, open_tomorrow, tomorrow_at
+from tests.factories import book
+from tests.live.server import heartbeat, post_agent, telemetry
 
 
 def test_the_status_page_follows_telemetry_and_reconnects_after_a_restart(asgi_server, live_lab, page, screenshot):
     now = timezone.now()
-    booking = Reservation.objects.create(
-        user=live_lab["researcher"],
-        node=live_lab["node"],
-        start=now - timedelta(minutes=30),
-        end=now + timedelta(hours=2),
-        status=Reservation.Status.APPROVED,
-        purpose="training",
-        created_by=live_lab["researcher"],
-    )
-    Allocation.objects.create(reservation=booking, gpu=live_lab["gpus"][0], start=booking.start, end=booking.end)
+    researcher, gpu = live_lab["researcher"], live_lab["gpus"][0]
+    book(researcher, [gpu], now - timedelta(minutes=30), now + timedelta(hours=2), purpose="training", direct=True)
     post_agent(asgi_server, live_lab, "heartbeat", heartbeat()).raise_for_status()
     post_agent(asgi_server, live_lab, "telemetry", telemetry(utilization=10)).raise_for_status()
 

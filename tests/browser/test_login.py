@@ -6,7 +6,7 @@ import re
 
 from playwright.sync_api import expect
 
-from tests.browser.conftest import log_in
+from tests.browser.helpers import log_in
 
 
 def test_a_researcher_logs_in_lands_on_the_calendar_and_logs_out(page, live_server, alice, screenshot):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from playwright.sync_api import expect
 
 from tests.accounting.test_report import day  # noqa: F401 (the fixture)
-from tests.browser.conftest import log_in
+from tests.browser.helpers import log_in
 
 
 def test_an_admin_reads_the_usage_report_with_its_charts(page, live_server, day, carol, screenshot):  # noqa: F811

@@ -8,13 +8,13 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from playwright.sync_api import Page, expect
+from playwright.sync_api import expect
 
 from accounting.rollup import rollup
-from nodes.reports import telemetry_record
+from nodes.ingest import telemetry_record
 from reservations.models import Reservation
-from reservations.services import reservation_create
-from tests.browser.conftest import log_in, save_screenshot
+from tests.browser.helpers import Problems, log_in, save_screenshot
+from tests.factories import book
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,7 +24,7 @@ def running_with_usage(user, node, gpus, purpose: str) -> Reservation:
     40 minutes ago (the rules forbid booking the past), with 40 minutes of readings rolled up:
     GPU 0 busy, GPU 1 busy half the time."""
     now = timezone.now().replace(second=0, microsecond=0)
-    booking = reservation_create(user=user, gpus=gpus, start=now, end=now + timedelta(hours=3), purpose=purpose)
+    booking = book(user, gpus, now, now + timedelta(hours=3), purpose=purpose)
     began = now - timedelta(minutes=40)
     Reservation.objects.filter(pk=booking.pk).update(start=began)
     booking.allocations.update(start=began)
@@ -44,18 +44,11 @@ def running_with_usage(user, node, gpus, purpose: str) -> Reservation:
     return booking
 
 
-def console_errors(page: Page) -> list[str]:
-    errors: list[str] = []
-    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    return errors
-
-
 def test_the_dialogs_details_link_opens_the_bookings_page(
     browser, page, live_server, alice, bob, node, gpus, screenshot
 ):
     booking = running_with_usage(alice, node, gpus[:2], purpose="fine-tuning a 7B model")
-    errors = console_errors(page)
+    problems = Problems(page, requests=False)
     log_in(page, live_server, "alice")
 
     page.locator(f'.ec-event[data-reservation-id="{booking.pk}"]').first.click()
@@ -63,7 +56,7 @@ def test_the_dialogs_details_link_opens_the_bookings_page(
     details = dialog.get_by_role("link", name="Details")
     expect(details).to_be_visible()
     screenshot("dialog")
-    errors.clear()  # the calendar's live updates have no websocket under live_server: only this page counts
+    problems.take()  # the calendar's live updates have no websocket under live_server: only this page counts
     details.click()
 
     page.wait_for_url(f"{live_server.url}/reservations/{booking.pk}/")
@@ -74,7 +67,7 @@ def test_the_dialogs_details_link_opens_the_bookings_page(
     expect(page.locator("#history")).to_contain_text("Booked")
     expect(page.locator("#actions").get_by_role("button", name="Release now")).to_be_visible()
     screenshot("page")
-    assert errors == []
+    assert problems.take() == []
 
     # On a phone: one column, nothing wider than the screen.
     phone = browser.new_page(viewport={"width": 390, "height": 844}, timezone_id="Europe/Berlin")

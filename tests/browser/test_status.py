@@ -11,9 +11,9 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from nodes.history import history_record
-from reservations.models import Allocation, Reservation
-from tests.browser.conftest import save_screenshot
-from tests.live.server import heartbeat, post_agent, session_for, telemetry
+from tests.browser.helpers import give_session, save_screenshot
+from tests.factories import book
+from tests.live.server import heartbeat, post_agent, telemetry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,16 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_a_busy_gpu_shows_its_holder_load_and_history(asgi_server, live_lab, browser, device):
     researcher, gpus = live_lab["researcher"], live_lab["gpus"]
     now = timezone.now()
-    booking = Reservation.objects.create(
-        user=researcher,
-        node=live_lab["node"],
-        start=now - timedelta(minutes=30),
-        end=now + timedelta(hours=2),
-        status=Reservation.Status.APPROVED,
-        purpose="training",
-        created_by=researcher,
-    )
-    Allocation.objects.create(reservation=booking, gpu=gpus[0], start=booking.start, end=booking.end)
+    book(researcher, gpus[:1], now - timedelta(minutes=30), now + timedelta(hours=2), purpose="training", direct=True)
     post_agent(asgi_server, live_lab, "heartbeat", heartbeat()).raise_for_status()
     # The last nine minutes, as the agent's earlier reports would have left them: busy, a pause, busy.
     history_record(
@@ -49,7 +40,7 @@ def test_a_busy_gpu_shows_its_holder_load_and_history(asgi_server, live_lab, bro
 
     viewport = {"width": 1280, "height": 800} if device == "desktop" else {"width": 390, "height": 844}
     context = browser.new_context(viewport=viewport)
-    context.add_cookies([{"name": "sessionid", "value": session_for(researcher), "url": asgi_server.url}])
+    give_session(context, asgi_server, researcher)
     page = context.new_page()
     page.goto(f"{asgi_server.url}/status/")
     expect(page.locator("#live-state")).to_have_text("Live")

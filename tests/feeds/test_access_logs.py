@@ -19,8 +19,8 @@ from django.conf import settings
 
 from feeds.tokens import redact_feed_urls
 from portal.celery import app
+from tests.agent.harness import free_port, port_open, wait_for
 from tests.factories import UserFactory
-from tests.nodes.agent.harness import free_port, port_open, wait_for
 from tests.test_settings import ROOT
 
 from .conftest import feed_path, fetch

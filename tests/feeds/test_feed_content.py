@@ -8,34 +8,19 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from nodes.models import Node
 from reservations.services import (
     reservation_approve,
     reservation_cancel,
-    reservation_create,
     reservation_extend,
     reservation_reject,
     reservation_release,
 )
 from tests.conftest import at
-from tests.factories import UserFactory, node_with_gpus
+from tests.factories import UserFactory, book, node_with_gpus
 
 from .conftest import event_of, events, feed_path, fetch, instant, parse, read_feed, text
 
 pytestmark = pytest.mark.usefixtures("clock")
-
-
-def book(user, gpus, start, end, purpose=""):
-    return reservation_create(user=user, gpus=gpus, start=start, end=end, purpose=purpose)
-
-
-def book_pending(user, gpus, start, end, purpose=""):
-    node = gpus[0].node
-    Node.objects.filter(pk=node.pk).update(requires_approval=True)
-    try:
-        return book(user, gpus, start, end, purpose)
-    finally:
-        Node.objects.filter(pk=node.pk).update(requires_approval=False)
 
 
 # --- which events -----------------------------------------------------------------------------
@@ -43,9 +28,9 @@ def book_pending(user, gpus, start, end, purpose=""):
 
 def test_own_feed_has_only_the_users_bookings_on_every_node(alice, bob, node, gpus):
     other_node = node_with_gpus(2, name="gpu-h100")
-    mine = book(alice, gpus[:2], at(1), at(3), "training")
+    mine = book(alice, gpus[:2], at(1), at(3), purpose="training")
     mine_elsewhere = book(alice, list(other_node.gpus.all())[:1], at(2), at(4))
-    book(bob, gpus[2:3], at(1), at(3), "bob's secret")
+    book(bob, gpus[2:3], at(1), at(3), purpose="bob's secret")
 
     calendar = read_feed(alice)
 
@@ -94,7 +79,7 @@ def test_the_window_is_30_days_back_and_90_ahead(alice, gpus, clock, settings):
 
 
 def test_pending_bookings_are_tentative_until_approved(alice, carol, node, gpus):
-    pending = book_pending(alice, gpus[:1], at(1), at(2))
+    pending = book(alice, gpus[:1], at(1), at(2), pending=True)
 
     event = event_of(read_feed(alice), pending)
     assert text(event, "status") == "TENTATIVE"
@@ -115,7 +100,7 @@ def test_pending_bookings_are_tentative_until_approved(alice, carol, node, gpus)
 
 def test_cancelled_and_rejected_bookings_stay_as_cancelled_events_with_a_higher_sequence(alice, bob, carol, node, gpus):
     cancelled = book(alice, gpus[:1], at(1), at(2))
-    rejected = book_pending(bob, gpus[1:2], at(1), at(2), "bob's plan")
+    rejected = book(bob, gpus[1:2], at(1), at(2), purpose="bob's plan", pending=True)
     before = event_of(read_feed(alice), cancelled)
 
     reservation_cancel(reservation=cancelled, actor=alice)
@@ -211,8 +196,8 @@ def test_each_subscriber_gets_their_own_zone_for_the_same_bookings(node, gpus):
 
 
 def test_purpose_host_and_gpu_ids_only_in_the_subscribers_own_bookings(alice, bob, carol, node, gpus):
-    alices = book(alice, gpus[:2], at(1), at(3), "fine-tune llama")
-    bobs = book(bob, gpus[2:3], at(1), at(3), "bob's secret project")
+    alices = book(alice, gpus[:2], at(1), at(3), purpose="fine-tune llama")
+    bobs = book(bob, gpus[2:3], at(1), at(3), purpose="bob's secret project")
 
     own = event_of(read_feed(alice), alices)
     description = text(own, "description")

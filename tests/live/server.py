@@ -21,7 +21,8 @@ from django.utils import timezone
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
-from tests.nodes.agent.harness import free_port, port_open, terminate, wait_for
+from gpubook_agent import protocol
+from tests.agent.harness import free_port, port_open, terminate, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -148,15 +149,10 @@ def post_agent(server: AsgiServer, lab: dict[str, Any], endpoint: str, body: dic
     )
 
 
-def heartbeat() -> dict[str, Any]:
-    return {
-        "sent_at": timezone.now().isoformat(),
-        "agent_version": "0.1.0",
-        "backend": "simulated",
-        "applied_version": 1,
-        "acls": {},
-        "drained": [],
-    }
+def heartbeat() -> protocol.Heartbeat:
+    return protocol.heartbeat(
+        backend="simulated", driver_version=None, applied_version=1, acls={}, drained=[], sent_at=timezone.now()
+    )
 
 
 def telemetry(utilization: int, uuid: str = "GPU-live-0") -> dict[str, Any]:

@@ -9,13 +9,16 @@ import pytest
 import requests
 from celery.contrib.testing.worker import start_worker
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from accounts.services import api_token_revoke
+from alerts.models import Alert
+from alerts.records import Subject, alert_open, alerts_resolve
+from live.status import refresh_status
+from live.tasks import refresh_live_status
 from nodes.models import AgentState, Node
-from nodes.status import refresh_status
-from nodes.tasks import refresh_live_status
 from portal.celery import app
 from reservations.models import Allocation, MaintenanceWindow, Reservation
 from reservations.services import reservation_create
@@ -132,6 +135,31 @@ def test_only_admins_may_follow_the_agents_events(asgi_server, live_lab):
     with pytest.raises(TimeoutError):
         researcher.next(timeout=1)
     researcher.close()
+    admin.close()
+
+
+def test_alerts_reach_the_admins_once_committed_and_a_rolled_back_one_never(asgi_server, live_lab):
+    admin = open_client(asgi_server, token=live_lab["admin_token"])
+    admin.subscribe("alerts")
+    hot = Subject(Alert.Kind.TEMPERATURE, live_lab["node"].pk, live_lab["gpus"][0].pk)
+    with transaction.atomic():
+        alert_open(subject=hot, now=timezone.now(), details={})
+        transaction.set_rollback(True)
+    with pytest.raises(TimeoutError):
+        admin.next(timeout=1)
+
+    with transaction.atomic():
+        alert = alert_open(subject=hot, now=timezone.now(), details={})
+        with pytest.raises(TimeoutError):  # not before the commit
+            admin.next(timeout=1)
+    opened = admin.wait_for(lambda m: m["type"] == "alerts")
+    assert [(a["id"], a["kind"], a["node"], a["gpu"], a["open"]) for a in opened["alerts"]] == [
+        (alert.pk, "temperature", "live-a100", 0, True)
+    ]
+
+    alerts_resolve(hot.open_alerts(), now=timezone.now(), resolution="cooled down")
+    resolved = admin.wait_for(lambda m: m["type"] == "alerts")
+    assert [(a["id"], a["open"], a["resolution"]) for a in resolved["alerts"]] == [(alert.pk, False, "cooled down")]
     admin.close()
 
 

@@ -12,10 +12,9 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodes.models import AgentState, GpuTelemetry, Node
-from nodes.reports import gpu_drain
-from reservations.services import reservation_create
+from nodes.services import gpu_drain
 from tests.conftest import at
-from tests.factories import node_with_gpus
+from tests.factories import book, node_with_gpus
 
 TOKEN = "metrics-token-for-the-tests-0123456789"
 PROMTOOL = shutil.which("promtool")
@@ -84,10 +83,10 @@ def lab(clock, alice, bob, carol):
     a100 = node_with_gpus(4, name="gpu-a100")
     v100 = node_with_gpus(2, name="gpu-v100", requires_approval=True)
     a, v = list(a100.gpus.order_by("index")), list(v100.gpus.order_by("index"))
-    reservation_create(user=alice, gpus=[a[0]], start=at(1), end=at(2))
-    reservation_create(user=alice, gpus=[a[1]], start=at(3), end=at(4))
-    reservation_create(user=bob, gpus=[v[0]], start=at(1), end=at(3))
-    reservation_create(user=bob, gpus=[v[1]], start=at(5), end=at(6))
+    book(alice, [a[0]], at(1), at(2))
+    book(alice, [a[1]], at(3), at(4))
+    book(bob, [v[0]], at(1), at(3))
+    book(bob, [v[1]], at(5), at(6))
     clock.move_to(at(1.5), tick=False)
 
     Node.objects.filter(pk=a100.pk).update(lease_version=5)

@@ -8,9 +8,8 @@ import pytest
 from django.utils import timezone
 
 from nodes.models import AgentState
-from reservations.services import reservation_create
 from tests.conftest import at
-from tests.factories import node_with_gpus
+from tests.factories import book, node_with_gpus
 from tests.metrics.conftest import reading
 
 QUERIES = 6  # the status cards (3), lease versions (1), bookings (1), periodic jobs (1)
@@ -23,7 +22,7 @@ def grow(count: int, users) -> None:
         AgentState.objects.create(node=node, last_seen=timezone.now(), clock_skew_seconds=0.1)
         for gpu in node.gpus.all():
             reading(gpu, age=timedelta(seconds=1), power_w=200.0, processes=[{"pid": 1, "user": "x"}])
-        reservation_create(user=users[n % len(users)], gpus=list(node.gpus.all()[:2]), start=at(1), end=at(2))
+        book(users[n % len(users)], list(node.gpus.all()[:2]), at(1), at(2))
 
 
 @pytest.mark.usefixtures("clock")

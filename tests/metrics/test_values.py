@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodes.status import STATES
+from reservations.fleet import STATES
 from tests.conftest import at
 from tests.metrics.conftest import names, value
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from tests.nodes.agent.harness import free_port, local_ca, port_open, wait_for
+from tests.agent.harness import free_port, local_ca, port_open, wait_for
 
 
 class AclRedis:

@@ -8,12 +8,13 @@ from django.core.cache import cache
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from nodes.agent.signing import verify
-from nodes.agent.snapshot import parse_snapshot
-from nodes.agent_api import AgentRateThrottle
+from gpubook_agent import protocol
+from gpubook_agent.signing import verify
+from gpubook_agent.snapshot import parse_snapshot
+from nodes.agent_auth import AgentRateThrottle
 from nodes.models import Node
-from nodes.pushes import send_snapshot
 from nodes.services import node_rotate_credentials
+from reservations.pushes import send_snapshot
 from reservations.services import reservation_create
 from tests.api_helpers import client_for
 from tests.conftest import at
@@ -34,13 +35,10 @@ def agent_client(node: Node) -> tuple[APIClient, str]:
     return client, credentials.lease_secret
 
 
-def heartbeat_body(applied_version: int) -> dict:
-    return {
-        "sent_at": timezone.now().isoformat(),
-        "agent_version": "0.1.0",
-        "backend": "simulated",
-        "applied_version": applied_version,
-    }
+def heartbeat_body(applied_version: int) -> protocol.Heartbeat:
+    return protocol.heartbeat(
+        backend="simulated", driver_version=None, applied_version=applied_version, acls={}, sent_at=timezone.now()
+    )
 
 
 @pytest.fixture

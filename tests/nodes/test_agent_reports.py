@@ -11,12 +11,14 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from alerts.models import Alert
-from nodes import reports
+from gpubook_agent import protocol
+from nodes import ingest
+from nodes.ingest import ACTING_PAST_BUDGET, agent_events_record, node_events_prune
+from nodes.liveness import node_online
 from nodes.models import AgentState, Gpu, GpuTelemetry, NodeEvent
-from nodes.reports import ACTING_PAST_BUDGET, agent_events_record, gpu_return_to_service, node_events_prune
-from nodes.services import node_rotate_credentials
-from nodes.status import fleet_status, for_viewer, node_online
+from nodes.services import gpu_return_to_service, node_rotate_credentials
 from reservations.exceptions import InvalidBooking
+from reservations.fleet import fleet_status, for_viewer
 from reservations.services import reservation_create
 from tests.api_helpers import client_for
 from tests.factories import node_with_gpus
@@ -36,17 +38,10 @@ def agent_client(node) -> APIClient:
 
 
 def heartbeat(**overrides):
-    return {
-        "sent_at": timezone.now().isoformat(),
-        "agent_version": "0.1.0",
-        "backend": "simulated",
-        "driver_version": "simulated",
-        "hostname": "a100.lab",
-        "applied_version": 7,
-        "acls": {},
-        "drained": [],
-        **overrides,
-    }
+    body = protocol.heartbeat(
+        backend="simulated", driver_version="simulated", applied_version=7, acls={}, drained=[], sent_at=timezone.now()
+    )
+    return {**body, **overrides}
 
 
 def sample(uuid, **overrides):
@@ -251,7 +246,7 @@ def test_admins_see_the_dropped_count_on_the_status_cards_and_prometheus_in_metr
 
 def test_events_older_than_the_keeping_time_are_pruned_in_batches(node, gpus, clock, settings, monkeypatch):
     settings.NODE_EVENTS_KEEP_DAYS = 90
-    monkeypatch.setattr(reports, "PRUNE_BATCH", 2)  # several batches from five events
+    monkeypatch.setattr(ingest, "PRUNE_BATCH", 2)  # several batches from five events
     start = timezone.now()
     for days_ago, count in ((120, 3), (91, 2), (89, 4)):
         clock.move_to(start - timedelta(days=days_ago))

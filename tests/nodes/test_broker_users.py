@@ -29,10 +29,10 @@ from kombu import Connection
 from nodes.broker_users import BrokerUserError, acl_rules, agent_broker_url, broker_username, broker_users_sync
 from nodes.checks import check_broker_password_is_not_the_example, check_broker_server, check_broker_user_settings
 from nodes.models import Node
-from nodes.pushes import send_snapshot
 from nodes.services import node_rotate_credentials
+from reservations.pushes import send_snapshot
+from tests.agent.harness import AgentRun, RecordingPortal, wait_for
 from tests.factories import node_with_gpus
-from tests.nodes.agent.harness import AgentRun, RecordingPortal, wait_for
 from tests.nodes.broker_redis import AclRedis, use_for_portal
 
 REPO = Path(__file__).resolve().parents[2]

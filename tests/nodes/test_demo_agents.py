@@ -15,7 +15,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from accounts.services import hash_token
-from nodes.agent.config import load_config
+from gpubook_agent.config import load_config
 from nodes.management.commands.demo_agents import power_limit
 from nodes.services import node_rotate_credentials
 from tests.factories import node_with_gpus

@@ -7,9 +7,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from accounts.services import hash_token
-from nodes.agent.signing import verify
-from nodes.leases import node_snapshot
+from gpubook_agent.signing import verify
 from nodes.models import Node
+from reservations.leases import node_snapshot
 from reservations.services import reservation_cancel, reservation_create
 from tests.conftest import MONDAY_9, at
 

@@ -8,14 +8,14 @@ import pytest
 from django.db import transaction
 from django.test import override_settings
 
+from gpubook_agent.protocol import APPLY_SNAPSHOT_TASK
+from gpubook_agent.signing import verify
 from kernel.redis_client import redis_client
-from nodes import pushes
-from nodes.agent.signing import verify
-from nodes.agent.worker import APPLY_SNAPSHOT_TASK
 from nodes.models import Node
 from nodes.services import node_rotate_credentials
-from nodes.tasks import push_all_leases, push_node_leases
+from reservations import pushes
 from reservations.models import Reservation
+from reservations.pushes import push_all_leases, push_node_leases
 from reservations.services import reservation_cancel, reservation_create
 from tests.conftest import at
 from tests.factories import node_with_gpus

@@ -1,4 +1,4 @@
-"""The status cards (nodes/status.py): a GPU's state, who sees what, and what beat re-sends."""
+"""The status cards (reservations/fleet.py, live/status.py): a GPU's state, who sees what, and what beat re-sends."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from live.status import refresh_status
 from nodes.models import AgentState, GpuTelemetry, Node
-from nodes.reports import gpu_drain
-from nodes.status import fleet_status, for_viewer, refresh_status
+from nodes.services import gpu_drain
+from reservations.fleet import fleet_status, for_viewer
 from reservations.models import MaintenanceWindow
 from reservations.services import reservation_create
 from tests.api_helpers import client_for
@@ -102,7 +103,7 @@ def test_beat_marks_a_silent_node_offline_once(reporting, django_capture_on_comm
     silent_until = timezone.now() + timedelta(seconds=41)
     with django_capture_on_commit_callbacks() as broadcasts:
         assert refresh_status(now=silent_until) == [reporting.pk]
-    assert len(broadcasts) == 2  # the node's cards, and its new "offline" alert (alerts/)
+    assert len(broadcasts) == 3  # the node's cards, its new "offline" alert (alerts/), and staff mail for it
     assert AgentState.objects.get(node=reporting).offline_since == silent_until
     with django_capture_on_commit_callbacks() as broadcasts:
         assert refresh_status(now=silent_until + timedelta(seconds=10)) == []

@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
+from nodes.ingest import telemetry_record
 from nodes.models import GpuMinute
-from nodes.reports import telemetry_record
 from nodes.usage import usage_during, usage_prune
 from tests.conftest import at
 

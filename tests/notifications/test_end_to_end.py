@@ -36,10 +36,10 @@ from portal.celery import app
 from reservations.models import Allocation, Reservation
 from reservations.services import reservation_create
 from reservations.timegrid import ceil_to_grid
+from tests.agent.harness import PrivateRedis, port_open, wait_for
 from tests.factories import node_with_gpus
 from tests.live.server import AsgiServer, database_url
 from tests.mailserver import subject_of, text_of
-from tests.nodes.agent.harness import PrivateRedis, port_open, wait_for
 from tests.nodes.queues import purge
 
 ROOT = Path(__file__).resolve().parents[2]

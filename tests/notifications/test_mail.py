@@ -12,20 +12,18 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
+from nodes.ingest import telemetry_record
 from nodes.models import GpuTelemetry
-from nodes.reports import telemetry_record
 from notifications.models import Kind, MailPreferences, Notification
-from notifications.services import outbox_drain, send_due
+from notifications.services import send_due
 from portal.celery import app
-from reservations.models import Reservation
 from reservations.services import (
     reservation_approve,
-    reservation_create,
     reservation_extend,
     reservation_reject,
 )
 from tests.conftest import at
-from tests.factories import node_with_gpus
+from tests.factories import book, node_with_gpus
 from tests.mailserver import html_of, subject_of, text_of
 
 pytestmark = pytest.mark.usefixtures("clock")
@@ -39,34 +37,14 @@ def eager_tasks():
     app.conf.task_always_eager = False
 
 
-def book(django_capture_on_commit_callbacks, **kwargs) -> Reservation:
-    with django_capture_on_commit_callbacks(execute=True):
-        return reservation_create(**kwargs)
-
-
-@pytest.fixture
-def booked(smtp_server):
-    """Book, let its confirmation go (the outbox), and forget that mail: the scan's tests look at the
-    mails time makes due."""
-
-    def make(**kwargs) -> Reservation:
-        reservation = reservation_create(**kwargs)
-        outbox_drain()
-        smtp_server.clear()
-        return reservation
-
-    return make
-
-
 # --- when a booking changes -------------------------------------------------------------------
 
 
 def test_a_confirmed_booking_mails_its_owner_how_to_use_the_gpus(
     eager_tasks, smtp_server, django_capture_on_commit_callbacks, alice, gpus
 ):
-    reservation = book(
-        django_capture_on_commit_callbacks, user=alice, gpus=gpus[:2], start=at(1), end=at(3), purpose="fine-tuning"
-    )
+    with django_capture_on_commit_callbacks(execute=True):
+        reservation = book(alice, gpus[:2], at(1), at(3), purpose="fine-tuning")
     [mail] = smtp_server.wait_for(1)
     assert mail["To"] == "alice@lab.example"
     assert subject_of(mail) == "Booked: gpu-a100 GPU 0, 1, 2030-01-07 10:00–12:00 UTC"
@@ -83,7 +61,8 @@ def test_a_confirmed_booking_mails_its_owner_how_to_use_the_gpus(
 def test_times_are_in_the_readers_zone(eager_tasks, smtp_server, django_capture_on_commit_callbacks, alice, gpus):
     alice.timezone = "America/New_York"
     alice.save()
-    book(django_capture_on_commit_callbacks, user=alice, gpus=[gpus[0]], start=at(1), end=at(3))
+    with django_capture_on_commit_callbacks(execute=True):
+        book(alice, [gpus[0]], at(1), at(3))
     [mail] = smtp_server.wait_for(1)
     assert "2030-01-07 05:00–07:00 EST" in subject_of(mail)
 
@@ -93,7 +72,8 @@ def test_a_booking_waiting_for_approval_mails_its_owner_and_every_admin(
 ):
     node = node_with_gpus(2, name="gpu-h100", requires_approval=True)
     gpu = node.gpus.first()
-    reservation = book(django_capture_on_commit_callbacks, user=alice, gpus=[gpu], start=at(1), end=at(3))
+    with django_capture_on_commit_callbacks(execute=True):
+        reservation = book(alice, [gpu], at(1), at(3))
     mails = {message["To"]: message for message in smtp_server.wait_for(2)}
     assert set(mails) == {"alice@lab.example", "carol@lab.example"}  # not bob, a researcher
     assert subject_of(mails["alice@lab.example"]).startswith("Waiting for approval: gpu-h100 GPU 0")
@@ -111,7 +91,8 @@ def test_a_booking_waiting_for_approval_mails_its_owner_and_every_admin(
 
 def test_a_rejection_says_why(eager_tasks, smtp_server, django_capture_on_commit_callbacks, alice, carol):
     node = node_with_gpus(1, name="gpu-h100", requires_approval=True)
-    reservation = book(django_capture_on_commit_callbacks, user=alice, gpus=[node.gpus.first()], start=at(1), end=at(2))
+    with django_capture_on_commit_callbacks(execute=True):
+        reservation = book(alice, [node.gpus.first()], at(1), at(2))
     smtp_server.wait_for(2)
     smtp_server.clear()
     with django_capture_on_commit_callbacks(execute=True):
@@ -125,7 +106,8 @@ def test_a_kind_turned_off_is_not_sent_and_is_recorded_as_skipped(
     eager_tasks, smtp_server, django_capture_on_commit_callbacks, alice, gpus
 ):
     MailPreferences.objects.create(user=alice, booking_received=False)
-    reservation = book(django_capture_on_commit_callbacks, user=alice, gpus=[gpus[0]], start=at(1), end=at(2))
+    with django_capture_on_commit_callbacks(execute=True):
+        reservation = book(alice, [gpus[0]], at(1), at(2))
     assert smtp_server.wait_for(1, timeout=0.5) == []
     note = Notification.objects.get(reservation=reservation)
     assert (note.kind, note.skipped, note.sent_at is not None) == (Kind.BOOKING_CONFIRMED, True, True)
@@ -135,7 +117,7 @@ def test_a_kind_turned_off_is_not_sent_and_is_recorded_as_skipped(
 
 
 def test_a_slot_starting_is_mailed_once_with_how_to_use_it(booked, smtp_server, clock, alice, gpus):
-    reservation = booked(user=alice, gpus=[gpus[1]], start=at(1), end=at(3))
+    reservation = booked(alice, [gpus[1]], at(1), at(3))
     assert send_due(at(0.5))[Kind.SLOT_STARTING] == 0
     clock.move_to(at(1, days=0) + timedelta(seconds=30))
     assert send_due()[Kind.SLOT_STARTING] == 1
@@ -151,7 +133,7 @@ def test_the_reminder_comes_the_chosen_minutes_before_the_end_and_offers_to_exte
 ):
     alice.remind_before_end_minutes = 20
     alice.save()
-    reservation = booked(user=alice, gpus=[gpus[0]], start=at(1), end=at(2))
+    reservation = booked(alice, [gpus[0]], at(1), at(2))
     clock.move_to(at(2) - timedelta(minutes=25))
     assert send_due()[Kind.SLOT_ENDING] == 0
     clock.move_to(at(2) - timedelta(minutes=20))
@@ -163,7 +145,7 @@ def test_the_reminder_comes_the_chosen_minutes_before_the_end_and_offers_to_exte
 
     # Extended: a new end, a new reminder; and now someone follows right after.
     reservation_extend(reservation=reservation, actor=alice, end=at(3))
-    booked(user=bob, gpus=[gpus[0]], start=at(3), end=at(4))
+    booked(bob, [gpus[0]], at(3), at(4))
     clock.move_to(at(3) - timedelta(minutes=19))
     assert send_due()[Kind.SLOT_ENDING] == 1
     [again] = [m for m in smtp_server.wait_for(1) if "left" in subject_of(m)]
@@ -174,13 +156,13 @@ def test_the_reminder_comes_the_chosen_minutes_before_the_end_and_offers_to_exte
 def test_no_reminder_for_those_who_asked_for_none(booked, smtp_server, clock, alice, gpus):
     alice.remind_before_end_minutes = 0
     alice.save()
-    booked(user=alice, gpus=[gpus[0]], start=at(1), end=at(2))
+    booked(alice, [gpus[0]], at(1), at(2))
     clock.move_to(at(2) - timedelta(minutes=1))
     assert send_due()[Kind.SLOT_ENDING] == 0
 
 
 def test_a_slot_that_ended_is_mailed_with_its_usage_even_after_downtime(booked, smtp_server, clock, alice, node, gpus):
-    reservation = booked(user=alice, gpus=gpus[:2], start=at(1), end=at(2))
+    reservation = booked(alice, gpus[:2], at(1), at(2))
     for minute, (first, second) in enumerate([(90, 10), (70, 30)]):
         when = at(1) + timedelta(minutes=10 + minute)
         samples = [
@@ -205,14 +187,14 @@ def test_a_slot_that_ended_is_mailed_with_its_usage_even_after_downtime(booked, 
 
 def test_an_ended_mail_too_late_to_matter_is_not_sent(booked, smtp_server, clock, alice, gpus, settings):
     settings.NOTIFY_ENDED_CATCHUP_HOURS = 6
-    booked(user=alice, gpus=[gpus[0]], start=at(1), end=at(2))
+    booked(alice, [gpus[0]], at(1), at(2))
     clock.move_to(at(9))
     assert send_due()[Kind.SLOT_ENDED] == 0
     assert not Notification.objects.filter(kind=Kind.SLOT_ENDED).exists()
 
 
 def test_a_mail_that_could_not_go_out_is_sent_by_a_later_scan(booked, smtp_server, clock, alice, gpus):
-    booked(user=alice, gpus=[gpus[0]], start=at(1), end=at(3))
+    booked(alice, [gpus[0]], at(1), at(3))
     clock.move_to(at(1) + timedelta(minutes=1))
     smtp_server.stop()
     assert send_due()[Kind.SLOT_STARTING] == 0  # SMTP refused: logged, tried again in a minute
@@ -232,7 +214,7 @@ def test_a_mail_that_could_not_go_out_is_sent_by_a_later_scan(booked, smtp_serve
 def test_two_beats_at_once_send_one_mail(booked, smtp_server, clock, alice, gpus):
     if connection.vendor != "postgresql":
         pytest.skip("parallel connections: PostgreSQL")
-    booked(user=alice, gpus=[gpus[0]], start=at(1), end=at(3))
+    booked(alice, [gpus[0]], at(1), at(3))
     clock.move_to(at(1) + timedelta(minutes=1))
     counts, barrier = [], threading.Barrier(4)
 

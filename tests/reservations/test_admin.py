@@ -9,6 +9,7 @@ from audit.models import AuditEntry
 from reservations.models import Limit, MaintenanceWindow, Reservation
 from reservations.services import reservation_create
 from tests.conftest import at
+from tests.factories import book
 
 pytestmark = pytest.mark.usefixtures("clock")
 
@@ -24,8 +25,8 @@ def pending_pair(alice, bob, gpus, node):
     node.requires_approval = True
     node.save()
     return [
-        reservation_create(user=alice, gpus=gpus[:1], start=at(1), end=at(2)),
-        reservation_create(user=bob, gpus=gpus[1:2], start=at(1), end=at(2)),
+        book(alice, gpus[:1], at(1), at(2)),
+        book(bob, gpus[1:2], at(1), at(2)),
     ]
 
 

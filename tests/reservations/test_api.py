@@ -10,7 +10,7 @@ from reservations.models import Limit, Reservation
 from reservations.services import reservation_create
 from tests.api_helpers import api, client_for  # noqa: F401 - fixture
 from tests.conftest import at
-from tests.factories import UserFactory
+from tests.factories import UserFactory, book
 
 pytestmark = pytest.mark.usefixtures("clock")
 URL = "/api/v1/reservations/"
@@ -140,7 +140,7 @@ def test_authorization_matrix_for_actions(alice, bob, carol, gpus, node, name, b
     start = at(0) if name == "release" else at(1)  # release needs a running slot, cancel an upcoming one
 
     def fresh():
-        return reservation_create(user=alice, gpus=gpus[:1], start=start, end=at(2))
+        return book(alice, gpus[:1], start, at(2))
 
     expected_owner = 403 if name in {"approve", "reject"} else 200
     for who, expected in [(None, 401), (bob, 404), (alice, expected_owner), (carol, 200)]:

@@ -10,17 +10,13 @@ from reservations.exceptions import InvalidBooking, MaintenanceConflict, NotAllo
 from reservations.models import Allocation, MaintenanceWindow, Reservation
 from reservations.services import reservation_cancel, reservation_create, reservation_reject
 from tests.conftest import MONDAY_9, at
-from tests.factories import UserFactory, node_with_gpus
+from tests.factories import UserFactory, book, node_with_gpus
 
 pytestmark = pytest.mark.usefixtures("clock")
 
 
-def book(user, gpus, start_h, end_h, **kw):
-    return reservation_create(user=user, gpus=gpus, start=at(start_h), end=at(end_h), **kw)
-
-
 def test_it_books_free_gpus_with_one_allocation_per_gpu(alice, gpus):
-    reservation = book(alice, gpus[:2], 1, 5, purpose="  training  ")
+    reservation = book(alice, gpus[:2], at(1), at(5), purpose="  training  ")
 
     assert reservation.status == Reservation.Status.APPROVED
     assert (reservation.start, reservation.end) == (at(1), at(5))
@@ -33,10 +29,10 @@ def test_it_books_free_gpus_with_one_allocation_per_gpu(alice, gpus):
 
 
 def test_it_refuses_an_overlapping_booking_naming_the_slot_and_writes_nothing(alice, bob, gpus):
-    first = book(alice, gpus[1:2], 1, 5)
+    first = book(alice, gpus[1:2], at(1), at(5))
 
     with pytest.raises(SlotConflict) as refused:
-        book(bob, gpus[:2], 4, 6)
+        book(bob, gpus[:2], at(4), at(6))
 
     assert "gpu-a100/GPU 1 is booked 2030-01-07 10:00–14:00 UTC by alice" in refused.value.message
     assert refused.value.details["conflicts"][0]["reservation"] == first.pk
@@ -45,33 +41,33 @@ def test_it_refuses_an_overlapping_booking_naming_the_slot_and_writes_nothing(al
 
 
 def test_back_to_back_slots_on_one_gpu_are_fine(alice, bob, gpus):
-    book(alice, gpus[:1], 1, 3)
-    second = book(bob, gpus[:1], 3, 5)
+    book(alice, gpus[:1], at(1), at(3))
+    second = book(bob, gpus[:1], at(3), at(5))
     assert second.start == at(3)
 
 
 def test_other_gpus_of_the_node_stay_free(alice, bob, gpus):
-    book(alice, gpus[:1], 1, 3)
-    assert book(bob, gpus[1:], 1, 3).allocations.count() == 3
+    book(alice, gpus[:1], at(1), at(3))
+    assert book(bob, gpus[1:], at(1), at(3)).allocations.count() == 3
 
 
 def test_a_pending_booking_holds_its_slot(alice, bob, gpus, node):
     node.requires_approval = True
     node.save()
-    pending = book(alice, gpus[:1], 1, 3)
+    pending = book(alice, gpus[:1], at(1), at(3))
     assert pending.status == Reservation.Status.PENDING
 
     with pytest.raises(SlotConflict, match="pending"):
-        book(bob, gpus[:1], 2, 4)
+        book(bob, gpus[:1], at(2), at(4))
 
 
 def test_cancelling_or_rejecting_frees_the_slot(alice, bob, carol, gpus, node):
     node.requires_approval = True
     node.save()
-    reservation_cancel(reservation=book(alice, gpus[:1], 1, 3), actor=alice)
-    reservation_reject(reservation=book(alice, gpus[1:2], 1, 3), actor=carol, reason="course week")
+    reservation_cancel(reservation=book(alice, gpus[:1], at(1), at(3)), actor=alice)
+    reservation_reject(reservation=book(alice, gpus[1:2], at(1), at(3)), actor=carol, reason="course week")
 
-    assert book(bob, gpus[:2], 1, 3).allocations.count() == 2
+    assert book(bob, gpus[:2], at(1), at(3)).allocations.count() == 2
     assert Allocation.objects.filter(active=False).count() == 2  # the old rows stay on record
 
 
@@ -108,7 +104,7 @@ def test_it_refuses_bad_times_with_a_clear_message(alice, gpus, start, end, mess
 def test_it_refuses_gpus_on_two_nodes(alice, gpus):
     other = node_with_gpus(1, name="gpu-4090")
     with pytest.raises(InvalidBooking, match="must be on one node; these are on gpu-4090, gpu-a100"):
-        book(alice, [gpus[0], other.gpus.get()], 1, 2)
+        book(alice, [gpus[0], other.gpus.get()], at(1), at(2))
     assert not Reservation.objects.exists()
 
 
@@ -124,7 +120,7 @@ def test_it_refuses_gpus_on_two_nodes(alice, gpus):
 def test_it_refuses_bad_gpu_lists(alice, gpus, gpu_list, message):
     gpu_list = [gpus[0], gpus[0]] if gpu_list == "dup" else gpu_list
     with pytest.raises(InvalidBooking, match=message):
-        book(alice, gpu_list, 1, 2)
+        book(alice, gpu_list, at(1), at(2))
     assert not Reservation.objects.exists()
 
 
@@ -132,7 +128,7 @@ def test_it_refuses_an_unbookable_gpu(alice, gpus):
     gpus[2].bookable = False
     gpus[2].save()
     with pytest.raises(InvalidBooking, match="gpu-a100/GPU 2 cannot be booked right now"):
-        book(alice, gpus[1:3], 1, 2)
+        book(alice, gpus[1:3], at(1), at(2))
 
 
 @pytest.mark.parametrize(
@@ -142,24 +138,24 @@ def test_it_refuses_a_node_that_is_not_active(alice, gpus, node, status, words):
     node.status = status
     node.save()
     with pytest.raises(InvalidBooking, match=f"Node gpu-a100 is {words} and takes no bookings"):
-        book(alice, gpus[:1], 1, 2)
+        book(alice, gpus[:1], at(1), at(2))
 
 
 def test_it_refuses_an_overlong_purpose(alice, gpus):
     with pytest.raises(InvalidBooking, match="The purpose is 501 characters long"):
-        book(alice, gpus[:1], 1, 2, purpose="x" * 501)
+        book(alice, gpus[:1], at(1), at(2), purpose="x" * 501)
 
 
 def test_a_user_without_a_unix_username_cannot_book(gpus):
     nobody = UserFactory(username="dave", unix_username=None)
     with pytest.raises(InvalidBooking, match="dave has no unix username yet"):
-        book(nobody, gpus[:1], 1, 2)
+        book(nobody, gpus[:1], at(1), at(2))
 
 
 def test_a_researcher_cannot_book_for_someone_else_but_an_admin_can(alice, bob, carol, gpus):
     with pytest.raises(NotAllowed, match="Only admins can book for someone else"):
-        book(alice, gpus[:1], 1, 2, actor=bob)
-    reservation = book(alice, gpus[:1], 1, 2, actor=carol)
+        book(alice, gpus[:1], at(1), at(2), actor=bob)
+    reservation = book(alice, gpus[:1], at(1), at(2), actor=carol)
     assert reservation.user == alice
     assert reservation.created_by == carol
 
@@ -168,23 +164,23 @@ def test_a_whole_node_maintenance_window_refuses_bookings_inside_it(alice, gpus,
     MaintenanceWindow.objects.create(node=node, start=at(2), end=at(4), reason="driver upgrade")
 
     with pytest.raises(MaintenanceConflict) as refused:
-        book(alice, gpus[3:], 3, 5)
+        book(alice, gpus[3:], at(3), at(5))
     assert refused.value.message == "Maintenance: gpu-a100 2030-01-07 11:00–13:00 UTC (driver upgrade)."
-    assert book(alice, gpus[3:], 4, 5).start == at(4)
+    assert book(alice, gpus[3:], at(4), at(5)).start == at(4)
 
 
 def test_a_gpu_maintenance_window_blocks_only_that_gpu(alice, gpus, node):
     MaintenanceWindow.objects.create(node=node, gpu=gpus[0], start=at(2), end=at(4))
 
     with pytest.raises(MaintenanceConflict, match="gpu-a100/GPU 0"):
-        book(alice, gpus[:2], 1, 3)
-    assert book(alice, gpus[1:2], 1, 3).allocations.count() == 1
+        book(alice, gpus[:2], at(1), at(3))
+    assert book(alice, gpus[1:2], at(1), at(3)).allocations.count() == 1
 
 
 def test_every_change_is_audited_with_before_and_after(alice, carol, gpus, node):
     node.requires_approval = True
     node.save()
-    reservation = book(alice, gpus[:1], 1, 2)
+    reservation = book(alice, gpus[:1], at(1), at(2))
     reservation_reject(reservation=reservation, actor=carol, reason="GPU reserved for the course")
 
     create, reject = AuditEntry.objects.filter(target_id=str(reservation.pk)).order_by("id")

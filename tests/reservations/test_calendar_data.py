@@ -11,7 +11,7 @@ from django.test import Client
 from django.urls import reverse
 
 from nodes.models import Node
-from reservations.calendar import gpu_label, utc_offset
+from reservations.calendar_format import gpu_label, utc_offset
 from reservations.models import MaintenanceWindow, Reservation
 from reservations.services import reservation_cancel, reservation_create, reservation_reject, reservation_release
 from tests.api_helpers import client_for

@@ -1,10 +1,10 @@
 """Demo jobs: real processes of real unix users on stand-in device files that real ACLs open.
 
-The jobs run as throwaway accounts (tests/nodes/agent/conftest.py) under the real clock: every wait
+The jobs run as throwaway accounts (tests/agent/conftest.py) under the real clock: every wait
 polls for what the kernel shows (/proc) with a generous timeout, never a sleep that hopes.
 """
 
-# Tests run fixed argument lists (never a shell); the fixtures imported from tests/nodes/agent/conftest.py
+# Tests run fixed argument lists (never a shell); the fixtures imported from tests/agent/conftest.py
 # are "redefined" as arguments, which is how pytest hands them over.
 # ruff: noqa: S603, F811
 
@@ -18,15 +18,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 from django.utils import timezone
 
-from nodes.agent import acl
-from nodes.agent.accounts import AccountCheck
-from nodes.agent.gpus.simulated import SimulatedBackend, demo_device_dir
+from gpubook_agent import acl
+from gpubook_agent.accounts import AccountCheck
+from gpubook_agent.gpus.simulated import SimulatedBackend, demo_device_dir
 from nodes.models import AgentState
 from reservations import demo_jobs
 from reservations.demo_jobs import (
@@ -39,11 +39,11 @@ from reservations.demo_jobs import (
     running_bookings,
     skip_reason,
 )
-from reservations.models import Allocation, Reservation
+from reservations.models import Reservation
 from reservations.services import reservation_cancel, reservation_release
-from tests.factories import UserFactory, node_with_gpus
-from tests.nodes.agent.conftest import UnixUser, unix_users, user_python  # noqa: F401 - fixtures
-from tests.nodes.agent.harness import wait_for
+from tests.agent.conftest import UnixUser, unix_users, user_python  # noqa: F401 - fixtures
+from tests.agent.harness import wait_for
+from tests.factories import UserFactory, book, node_with_gpus
 
 
 @pytest.fixture
@@ -93,20 +93,11 @@ def runner(user_python) -> Iterator[DemoJobs]:
         jobs.stop_all()
 
 
-def book(lab, gpus, *, start_h: float = -1, end_h: float = 1, status=Reservation.Status.APPROVED, user=None):
-    """A booking as the services leave it, around the real clock (the jobs run on it): written directly, since
-    reservation_create refuses a start before the current grid cell, which the clock may just have left."""
-    now = timezone.now()
-    reservation = Reservation.objects.create(
-        user=user or lab["rita"],
-        node=gpus[0].node,
-        start=now + timedelta(hours=start_h),
-        end=now + timedelta(hours=end_h),
-        status=status,
-    )
-    for gpu in gpus:
-        Allocation.objects.create(reservation=reservation, gpu=gpu, start=reservation.start, end=reservation.end)
-    return reservation
+def now_plus(hours: float) -> datetime:
+    """``hours`` from now on the real clock, which the jobs run on. Bookings around it are written directly
+    (``book(direct=True)``): reservation_create refuses a start before the current grid cell, which the clock
+    may just have left."""
+    return timezone.now() + timedelta(hours=hours)
 
 
 def paths(root: str, *indices: int) -> list[str]:
@@ -138,7 +129,7 @@ def sync(runner: DemoJobs, root: str) -> None:
 
 
 def test_a_running_booking_gets_a_job_of_its_own_user_holding_its_gpus(lab, runner, device_root, unix_users):
-    reservation = book(lab, lab["gpus"][1:3])
+    reservation = book(lab["rita"], lab["gpus"][1:3], now_plus(-1), now_plus(1), direct=True)
     for path in paths(device_root, 1, 2):
         acl.grant(path, unix_users[0].name)  # what the agent does at the slot's start
 
@@ -159,7 +150,7 @@ def test_a_running_booking_gets_a_job_of_its_own_user_holding_its_gpus(lab, runn
 
 
 def test_the_job_stops_when_the_booking_is_cancelled(lab, runner, device_root, unix_users):
-    reservation = book(lab, lab["gpus"][:1])
+    reservation = book(lab["rita"], lab["gpus"][:1], now_plus(-1), now_plus(1), direct=True)
     acl.grant(paths(device_root, 0)[0], unix_users[0].name)
     sync(runner, device_root)
     job = runner.jobs[reservation.pk].process
@@ -172,7 +163,7 @@ def test_the_job_stops_when_the_booking_is_cancelled(lab, runner, device_root, u
 
 
 def test_the_job_stops_when_the_booking_is_released(lab, runner, device_root, unix_users):
-    reservation = book(lab, lab["gpus"][:1])
+    reservation = book(lab["rita"], lab["gpus"][:1], now_plus(-1), now_plus(1), direct=True)
     acl.grant(paths(device_root, 0)[0], unix_users[0].name)
     sync(runner, device_root)
     job = runner.jobs[reservation.pk].process
@@ -192,7 +183,8 @@ def test_a_job_without_a_grant_exits_quietly_and_is_not_started_again_at_once(
     now = [1000.0]
     runner = DemoJobs(python=user_python, busy_seconds=3600, idle_seconds=0, retry_seconds=30, clock=lambda: now[0])
     try:
-        reservation = book(lab, lab["gpus"][:1])  # the agent has granted nothing (yet)
+        # The agent has granted nothing (yet).
+        reservation = book(lab["rita"], lab["gpus"][:1], now_plus(-1), now_plus(1), direct=True)
         sync(runner, device_root)
         job = runner.jobs[reservation.pk].process
         assert job.wait(timeout=30) == demo_jobs.EXIT_NO_ACCESS
@@ -211,17 +203,18 @@ def test_a_job_without_a_grant_exits_quietly_and_is_not_started_again_at_once(
 
 
 def test_only_approved_bookings_running_on_simulated_nodes_get_jobs(lab, device_root, unix_users):
-    running = book(lab, lab["gpus"][:1])
-    book(lab, lab["gpus"][1:2], start_h=3, end_h=4)  # upcoming
-    book(lab, lab["gpus"][2:3], end_h=-0.5)  # over
-    book(lab, lab["gpus"][3:4], status=Reservation.Status.PENDING)
-    forgotten = book(lab, lab["gpus"][1:2])  # running, but the demo's example of an idle booking: no job
+    running = book(lab["rita"], lab["gpus"][:1], now_plus(-1), now_plus(1), direct=True)
+    book(lab["rita"], lab["gpus"][1:2], now_plus(3), now_plus(4), direct=True)  # upcoming
+    book(lab["rita"], lab["gpus"][2:3], now_plus(-1), now_plus(-0.5), direct=True)  # over
+    book(lab["rita"], lab["gpus"][3:4], now_plus(-1), now_plus(1), direct=True, pending=True)
+    # Running, but the demo's example of an idle booking: no job.
+    forgotten = book(lab["rita"], lab["gpus"][1:2], now_plus(-1), now_plus(1), direct=True)
     Reservation.objects.filter(pk=forgotten.pk).update(purpose=LEFT_IDLE_PURPOSE)
     real = node_with_gpus(1, name="gpu-real")
     AgentState.objects.create(node=real, last_seen=timezone.now(), backend="nvml")
-    book(lab, list(real.gpus.all()))  # a real node's GPUs: never
+    book(lab["rita"], list(real.gpus.all()), now_plus(-1), now_plus(1), direct=True)  # a real node's GPUs: never
     unknown = node_with_gpus(1, name="gpu-new")  # no agent has reported yet: not known to be simulated
-    book(lab, list(unknown.gpus.all()))
+    book(lab["rita"], list(unknown.gpus.all()), now_plus(-1), now_plus(1), direct=True)
 
     wanted = running_bookings(now=timezone.now(), device_root=device_root)
     assert [(item.reservation, item.username, item.paths) for item in wanted] == [
@@ -234,7 +227,7 @@ def test_only_approved_bookings_running_on_simulated_nodes_get_jobs(lab, device_
 def test_a_name_that_is_no_unix_username_reaches_no_lookup_and_no_process(
     lab, runner, device_root, monkeypatch, name, caplog
 ):
-    reservation = book(lab, lab["gpus"][:1])
+    reservation = book(lab["rita"], lab["gpus"][:1], now_plus(-1), now_plus(1), direct=True)
     type(lab["rita"]).objects.filter(pk=lab["rita"].pk).update(unix_username=name)  # past the form's checks
     looked_up: list[str] = []
     runner.accounts = AccountCheck(uid_min=1000, lookup=lambda who: looked_up.append(who) or 0)
@@ -250,7 +243,7 @@ def test_a_name_that_is_no_unix_username_reaches_no_lookup_and_no_process(
     ("name", "refusal"), [("root", "system account"), ("nobody", "'nobody'"), ("daemon", "system")]
 )
 def test_system_accounts_get_no_job(lab, runner, device_root, monkeypatch, name, refusal, caplog):
-    book(lab, lab["gpus"][:1])
+    book(lab["rita"], lab["gpus"][:1], now_plus(-1), now_plus(1), direct=True)
     type(lab["rita"]).objects.filter(pk=lab["rita"].pk).update(unix_username=name)
     monkeypatch.setattr(demo_jobs.subprocess, "Popen", lambda *a, **k: pytest.fail("a process was started"))
     sync(runner, device_root)

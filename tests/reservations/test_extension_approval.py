@@ -10,9 +10,9 @@ from django.test import Client
 from django.urls import reverse
 
 from audit.models import AuditEntry
-from nodes.leases import node_leases
 from reservations import selectors
 from reservations.exceptions import InvalidState, LimitExceeded, SlotConflict
+from reservations.leases import node_leases
 from reservations.models import Allocation, Limit, Reservation
 from reservations.services import (
     reservation_approve,
@@ -24,6 +24,7 @@ from reservations.services import (
 )
 from tests.api_helpers import client_for
 from tests.conftest import MONDAY_9, at
+from tests.factories import book
 
 pytestmark = pytest.mark.usefixtures("clock")
 Status = Reservation.Status
@@ -41,7 +42,7 @@ def approval_node(node):
 @pytest.fixture
 def running(alice, carol, gpus, approval_node):
     """alice's booking of GPU 0 from now for an hour, approved by carol."""
-    booking = reservation_create(user=alice, gpus=gpus[:1], start=at(0), end=at(1))
+    booking = book(alice, gpus[:1], at(0), at(1))
     return reservation_approve(reservation=booking, actor=carol)
 
 
@@ -295,4 +296,16 @@ def test_acting_on_an_extension_merged_meanwhile_answers_in_words(running, alice
     with pytest.raises(InvalidState, match="no longer exists"):
         reservation_cancel(reservation=stale, actor=alice)
     with pytest.raises(InvalidState, match="no longer exists"):
+        reservation_extend(reservation=stale, actor=alice, end=at(5))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_extending_an_extension_merged_meanwhile_answers_in_words_outside_a_transaction(running, alice, carol):
+    """As a web request calls it (autocommit, no transaction around it): words, not a row-lock error."""
+    reservation_extend(reservation=running, actor=alice, end=at(3))
+    waiting = selectors.pending_extension(running)
+    stale = Reservation.objects.get(pk=waiting.pk)
+    reservation_approve(reservation=waiting, actor=carol)
+
+    with pytest.raises(InvalidState, match="no longer exists: an extension is merged into its booking"):
         reservation_extend(reservation=stale, actor=alice, end=at(5))

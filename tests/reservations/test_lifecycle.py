@@ -11,26 +11,22 @@ from reservations.models import Reservation
 from reservations.services import (
     reservation_approve,
     reservation_cancel,
-    reservation_create,
     reservation_extend,
     reservation_reject,
     reservation_release,
 )
 from tests.conftest import MONDAY_9, at
+from tests.factories import book
 
 pytestmark = pytest.mark.usefixtures("clock")
 Status = Reservation.Status
-
-
-def book(user, gpus, start_h, end_h, **kw):
-    return reservation_create(user=user, gpus=gpus, start=at(start_h), end=at(end_h), **kw)
 
 
 @pytest.fixture
 def pending(alice, gpus, node):
     node.requires_approval = True
     node.save()
-    return book(alice, gpus[:1], 1, 3)
+    return book(alice, gpus[:1], at(1), at(3))
 
 
 def test_an_admin_approves_a_pending_booking(pending, carol):
@@ -71,7 +67,9 @@ def test_a_booking_that_ended_while_pending_cannot_be_approved(pending, carol, c
 
 
 def test_the_owner_cancels_before_the_start(alice, gpus):
-    reservation = reservation_cancel(reservation=book(alice, gpus[:1], 1, 3), actor=alice, reason="plans changed")
+    reservation = reservation_cancel(
+        reservation=book(alice, gpus[:1], at(1), at(3)), actor=alice, reason="plans changed"
+    )
     assert (reservation.status, reservation.cancelled_by, reservation.cancel_reason) == (
         Status.CANCELLED,
         alice,
@@ -81,7 +79,7 @@ def test_the_owner_cancels_before_the_start(alice, gpus):
 
 
 def test_the_owner_cannot_cancel_a_started_slot_but_is_told_to_release(alice, gpus, clock):
-    reservation = book(alice, gpus[:1], 1, 3)
+    reservation = book(alice, gpus[:1], at(1), at(3))
     clock.shift(timedelta(hours=1, minutes=30))
     with pytest.raises(InvalidState, match="started at 2030-01-07 10:00 UTC: release it") as refused:
         reservation_cancel(reservation=reservation, actor=alice)
@@ -89,13 +87,13 @@ def test_the_owner_cannot_cancel_a_started_slot_but_is_told_to_release(alice, gp
 
 
 def test_an_admin_cancels_a_running_slot(alice, carol, gpus, clock):
-    reservation = book(alice, gpus[:1], 1, 3)
+    reservation = book(alice, gpus[:1], at(1), at(3))
     clock.shift(timedelta(hours=2))
     assert reservation_cancel(reservation=reservation, actor=carol).status == Status.CANCELLED
 
 
 def test_someone_else_cannot_cancel_release_or_extend(alice, bob, gpus):
-    reservation = book(alice, gpus[:1], 0, 3)
+    reservation = book(alice, gpus[:1], at(0), at(3))
     for operation, kwargs in [
         (reservation_cancel, {}),
         (reservation_release, {}),
@@ -108,14 +106,14 @@ def test_someone_else_cannot_cancel_release_or_extend(alice, bob, gpus):
 
 
 def test_cancelling_twice_is_refused(alice, gpus):
-    reservation = book(alice, gpus[:1], 1, 3)
+    reservation = book(alice, gpus[:1], at(1), at(3))
     reservation_cancel(reservation=reservation, actor=alice)
     with pytest.raises(InvalidState, match="is cancelled and cannot be cancelled"):
         reservation_cancel(reservation=reservation, actor=alice)
 
 
 def test_release_ends_a_running_slot_now_and_frees_the_rest(alice, bob, gpus, clock):
-    reservation = book(alice, gpus[:2], 0, 4)
+    reservation = book(alice, gpus[:2], at(0), at(4))
     clock.shift(timedelta(hours=1, minutes=10))
 
     released = reservation_release(reservation=reservation, actor=alice)
@@ -126,16 +124,16 @@ def test_release_ends_a_running_slot_now_and_frees_the_rest(alice, bob, gpus, cl
         Status.APPROVED,
     )
     assert set(released.allocations.values_list("end", flat=True)) == {at(1 + 10 / 60)}
-    assert book(bob, gpus[:2], 1.25, 4).allocations.count() == 2
+    assert book(bob, gpus[:2], at(1.25), at(4)).allocations.count() == 2
 
 
 def test_release_of_an_upcoming_slot_says_cancel_instead(alice, gpus):
     with pytest.raises(InvalidState, match="starts at 2030-01-07 11:00 UTC: cancel it instead"):
-        reservation_release(reservation=book(alice, gpus[:1], 2, 3), actor=alice)
+        reservation_release(reservation=book(alice, gpus[:1], at(2), at(3)), actor=alice)
 
 
 def test_release_of_a_finished_slot_is_refused(alice, gpus, clock):
-    reservation = book(alice, gpus[:1], 0, 1)
+    reservation = book(alice, gpus[:1], at(0), at(1))
     clock.shift(timedelta(hours=2))
     with pytest.raises(InvalidState, match="already ended at 2030-01-07 10:00 UTC"):
         reservation_release(reservation=reservation, actor=alice)
@@ -143,15 +141,15 @@ def test_release_of_a_finished_slot_is_refused(alice, gpus, clock):
 
 def test_extend_moves_the_end_of_the_reservation_and_its_allocations(alice, gpus):
     reservation = reservation_extend(
-        reservation=book(alice, gpus[:2], 1, 3), actor=alice, end=at(4) + timedelta(minutes=1)
+        reservation=book(alice, gpus[:2], at(1), at(3)), actor=alice, end=at(4) + timedelta(minutes=1)
     )
     assert reservation.end == at(4.25)
     assert set(reservation.allocations.values_list("end", flat=True)) == {at(4.25)}
 
 
 def test_extend_into_someone_elses_slot_is_refused_and_changes_nothing(alice, bob, gpus):
-    reservation = book(alice, gpus[:2], 1, 3)
-    book(bob, gpus[1:2], 4, 6)
+    reservation = book(alice, gpus[:2], at(1), at(3))
+    book(bob, gpus[1:2], at(4), at(6))
 
     with pytest.raises(SlotConflict, match="gpu-a100/GPU 1 is booked 2030-01-07 13:00–15:00 UTC by bob"):
         reservation_extend(reservation=reservation, actor=alice, end=at(5))
@@ -162,20 +160,20 @@ def test_extend_into_someone_elses_slot_is_refused_and_changes_nothing(alice, bo
 
 def test_extend_to_an_earlier_end_is_refused(alice, gpus):
     with pytest.raises(InvalidBooking, match="must be after the current end"):
-        reservation_extend(reservation=book(alice, gpus[:1], 1, 3), actor=alice, end=at(2))
+        reservation_extend(reservation=book(alice, gpus[:1], at(1), at(3)), actor=alice, end=at(2))
 
 
 def test_extend_into_maintenance_is_refused(alice, gpus, node):
     from reservations.models import MaintenanceWindow
 
-    reservation = book(alice, gpus[:1], 1, 3)
+    reservation = book(alice, gpus[:1], at(1), at(3))
     MaintenanceWindow.objects.create(node=node, start=at(4), end=at(5), reason="PSU swap")
     with pytest.raises(SlotConflict, match="Maintenance: gpu-a100 2030-01-07 13:00–14:00 UTC \\(PSU swap\\)"):
         reservation_extend(reservation=reservation, actor=alice, end=at(6))
 
 
 def test_a_finished_reservation_cannot_be_extended(alice, gpus, clock):
-    reservation = book(alice, gpus[:1], 0, 1)
+    reservation = book(alice, gpus[:1], at(0), at(1))
     clock.shift(timedelta(hours=1))
     with pytest.raises(InvalidState, match="already ended"):
         reservation_extend(reservation=reservation, actor=alice, end=at(3))

@@ -11,12 +11,9 @@ from reservations.limits import Period, busiest_week, effective_limits, peak_gpu
 from reservations.models import Limit, Reservation
 from reservations.services import reservation_create, reservation_extend
 from tests.conftest import at
+from tests.factories import book
 
 pytestmark = pytest.mark.usefixtures("clock")
-
-
-def book(user, gpus, start_h, end_h, **kw):
-    return reservation_create(user=user, gpus=gpus, start=at(start_h), end=at(end_h), **kw)
 
 
 def site_limits(**values):
@@ -25,10 +22,10 @@ def site_limits(**values):
 
 def test_weekly_gpu_hours_refusal_names_the_numbers(alice, gpus):
     site_limits(weekly_gpu_hours=40)
-    book(alice, gpus[:2], 1, 20)  # 38 GPU-hours
+    book(alice, gpus[:2], at(1), at(20))  # 38 GPU-hours
 
     with pytest.raises(LimitExceeded) as refused:
-        book(alice, gpus[2:4], 24, 26)  # 4 more
+        book(alice, gpus[2:4], at(24), at(26))  # 4 more
 
     assert refused.value.message == "weekly GPU-hours: 38 used + 4 asked > 40 allowed"
     assert refused.value.details == {"limit": "weekly_gpu_hours", "used": 38.0, "asked": 4.0, "allowed": 40.0}
@@ -37,46 +34,46 @@ def test_weekly_gpu_hours_refusal_names_the_numbers(alice, gpus):
 
 def test_weekly_hours_are_a_rolling_seven_days(alice, gpus):
     site_limits(weekly_gpu_hours=40)
-    book(alice, gpus[:2], 1, 20)
+    book(alice, gpus[:2], at(1), at(20))
     # 7 days after the first booking ended, it no longer counts.
-    assert book(alice, gpus[:2], 20 + 7 * 24, 20 + 7 * 24 + 2).allocations.count() == 2
+    assert book(alice, gpus[:2], at(20 + 7 * 24), at(20 + 7 * 24 + 2)).allocations.count() == 2
 
 
 def test_weekly_hours_count_later_bookings_too(alice, gpus):
     site_limits(weekly_gpu_hours=10)
-    book(alice, gpus[:1], 48, 56)  # 8 h on Wednesday
+    book(alice, gpus[:1], at(48), at(56))  # 8 h on Wednesday
     with pytest.raises(LimitExceeded, match="weekly GPU-hours: 8 used \\+ 4 asked > 10 allowed"):
-        book(alice, gpus[:1], 1, 5)
+        book(alice, gpus[:1], at(1), at(5))
 
 
 def test_gpus_at_once_counts_what_is_held_at_the_same_moment(alice, gpus):
     site_limits(max_gpus_at_once=3)
-    book(alice, gpus[:2], 1, 3)
-    book(alice, gpus[2:4], 3, 5)  # back to back: never more than 2 at once
+    book(alice, gpus[:2], at(1), at(3))
+    book(alice, gpus[2:4], at(3), at(5))  # back to back: never more than 2 at once
 
     with pytest.raises(LimitExceeded) as refused:
-        book(alice, gpus[2:4], 2, 3)
+        book(alice, gpus[2:4], at(2), at(3))
     assert refused.value.message == "GPUs at once: 2 held + 2 asked > 3 allowed"
 
 
 def test_longest_slot(alice, gpus):
     site_limits(max_slot_hours=8)
     with pytest.raises(LimitExceeded, match=r"^longest slot: 8.5 hours asked > 8 allowed$"):
-        book(alice, gpus[:1], 1, 9.5)
-    assert book(alice, gpus[:1], 1, 9).end == at(9)
+        book(alice, gpus[:1], at(1), at(9.5))
+    assert book(alice, gpus[:1], at(1), at(9)).end == at(9)
 
 
 def test_days_ahead(alice, gpus):
     site_limits(max_days_ahead=14)
     with pytest.raises(LimitExceeded, match=r"^days ahead: the slot ends 15 days from now > 14 allowed$"):
-        book(alice, gpus[:1], 14 * 24 + 23, 15 * 24)
+        book(alice, gpus[:1], at(14 * 24 + 23), at(15 * 24))
 
 
 def test_admins_may_book_past_limits(carol, alice, gpus):
     site_limits(max_gpus_at_once=1, max_slot_hours=1)
-    reservation = book(alice, gpus, 1, 30, actor=carol)
+    reservation = book(alice, gpus, at(1), at(30), actor=carol)
     assert reservation.allocations.count() == 4
-    assert book(carol, gpus, 30, 60).status == Reservation.Status.APPROVED
+    assert book(carol, gpus, at(30), at(60)).status == Reservation.Status.APPROVED
 
 
 def test_a_user_override_beats_the_groups_and_the_most_generous_group_wins(alice):
@@ -106,20 +103,20 @@ def test_other_groups_limits_do_not_apply(alice, bob):
 
 def test_a_limit_that_requires_approval_makes_bookings_pending(alice, carol, gpus):
     site_limits(requires_approval=True)
-    assert book(alice, gpus[:1], 1, 2).status == Reservation.Status.PENDING
-    assert book(alice, gpus[1:2], 1, 2, actor=carol).status == Reservation.Status.APPROVED
+    assert book(alice, gpus[:1], at(1), at(2)).status == Reservation.Status.PENDING
+    assert book(alice, gpus[1:2], at(1), at(2), actor=carol).status == Reservation.Status.APPROVED
 
 
 def test_extending_checks_the_limits_on_the_added_time(alice, gpus):
     site_limits(weekly_gpu_hours=10, max_slot_hours=8)
-    reservation = book(alice, gpus[:1], 1, 5)
+    reservation = book(alice, gpus[:1], at(1), at(5))
 
     with pytest.raises(LimitExceeded, match=r"^longest slot: 9 hours asked > 8 allowed$"):
         reservation_extend(reservation=reservation, actor=alice, end=at(10))
     reservation_extend(reservation=reservation, actor=alice, end=at(9))
-    book(alice, gpus[1:2], 20, 21)
+    book(alice, gpus[1:2], at(20), at(21))
     with pytest.raises(LimitExceeded, match="weekly GPU-hours: 9 used \\+ 2 asked > 10 allowed"):
-        book(alice, gpus[1:2], 30, 32)
+        book(alice, gpus[1:2], at(30), at(32))
 
 
 def test_peak_gpus_ignores_periods_outside_the_window():
@@ -162,24 +159,24 @@ def test_with_no_limit_rows_a_booking_far_ahead_is_refused_naming_the_ceiling(al
 
 
 def test_the_days_ahead_ceiling_is_exact_at_its_edge(alice, gpus):
-    assert book(alice, gpus[:1], 90 * 24 - 1, 90 * 24).end == at(days=90)
+    assert book(alice, gpus[:1], at(90 * 24 - 1), at(90 * 24)).end == at(days=90)
     with pytest.raises(LimitExceeded, match=r"^days ahead: the slot ends 90.1 days from now > 90 allowed \(the site"):
-        book(alice, gpus[1:2], 90 * 24, 90 * 24 + 1)
+        book(alice, gpus[1:2], at(90 * 24), at(90 * 24 + 1))
 
 
 def test_with_no_limit_rows_a_slot_longer_than_a_week_is_refused_naming_the_ceiling(alice, gpus):
     with pytest.raises(LimitExceeded) as refused:
-        book(alice, gpus[:1], 1, 1 + 168.25)
+        book(alice, gpus[:1], at(1), at(1 + 168.25))
     assert refused.value.message == (
         "longest slot: 168.25 hours asked > 168 allowed "
         "(the site ceiling MAX_SLOT_HOURS: an admin can set another in a Limit)"
     )
     assert refused.value.details["ceiling"] == "MAX_SLOT_HOURS"
-    assert book(alice, gpus[:1], 1, 1 + 168).end == at(169)
+    assert book(alice, gpus[:1], at(1), at(1 + 168)).end == at(169)
 
 
 def test_extending_past_the_ceiling_is_refused_and_changes_nothing(alice, gpus):
-    reservation = book(alice, gpus[:1], 1, 100)
+    reservation = book(alice, gpus[:1], at(1), at(100))
     with pytest.raises(LimitExceeded, match=r"^longest slot: 170 hours asked > 168 allowed \(the site ceiling"):
         reservation_extend(reservation=reservation, actor=alice, end=at(171))
     reservation.refresh_from_db()
@@ -189,16 +186,16 @@ def test_extending_past_the_ceiling_is_refused_and_changes_nothing(alice, gpus):
 def test_the_ceilings_are_read_from_the_settings(alice, gpus, settings):
     settings.MAX_DAYS_AHEAD, settings.MAX_SLOT_HOURS = 2, 3
     with pytest.raises(LimitExceeded, match=r"^longest slot: 4 hours asked > 3 allowed"):
-        book(alice, gpus[:1], 1, 5)
+        book(alice, gpus[:1], at(1), at(5))
     with pytest.raises(LimitExceeded, match=r"^days ahead: the slot ends 3 days from now > 2 allowed"):
-        book(alice, gpus[:1], 71, 72)
+        book(alice, gpus[:1], at(71), at(72))
 
 
 def test_a_site_limit_raises_the_ceiling_and_the_refusal_then_names_no_setting(alice, gpus):
     site_limits(max_days_ahead=400, max_slot_hours=500)
-    assert book(alice, gpus[:1], 300 * 24, 300 * 24 + 400).end == at(300 * 24 + 400)
+    assert book(alice, gpus[:1], at(300 * 24), at(300 * 24 + 400)).end == at(300 * 24 + 400)
     with pytest.raises(LimitExceeded) as refused:
-        book(alice, gpus[1:2], 1, 502)
+        book(alice, gpus[1:2], at(1), at(502))
     assert refused.value.message == "longest slot: 501 hours asked > 500 allowed"
     assert "ceiling" not in refused.value.details
 
@@ -209,32 +206,32 @@ def test_a_site_limit_without_these_fields_leaves_the_ceilings(alice, gpus):
     assert (limits.max_days_ahead, limits.max_slot_hours) == (90, 168)
     assert limits.ceilings == {"max_days_ahead", "max_slot_hours"}
     with pytest.raises(LimitExceeded, match=r"\(the site ceiling MAX_DAYS_AHEAD"):
-        book(alice, gpus[:1], 100 * 24, 100 * 24 + 1)
+        book(alice, gpus[:1], at(100 * 24), at(100 * 24 + 1))
 
 
 def test_a_group_limit_raises_the_ceiling_for_its_members_only(alice, bob, gpus):
     long_runs = Group.objects.create(name="long-runs")
     alice.groups.add(long_runs)
     Limit.objects.create(scope=Limit.Scope.GROUP, group=long_runs, max_slot_hours=720)
-    assert book(alice, gpus[:1], 1, 700).end == at(700)
+    assert book(alice, gpus[:1], at(1), at(700)).end == at(700)
     with pytest.raises(LimitExceeded, match=r"^longest slot: 699 hours asked > 168 allowed \(the site ceiling"):
-        book(bob, gpus[1:2], 1, 700)
+        book(bob, gpus[1:2], at(1), at(700))
 
 
 def test_a_user_limit_may_lower_the_ceiling(alice, gpus):
     Limit.objects.create(scope=Limit.Scope.USER, user=alice, max_days_ahead=7)
     with pytest.raises(LimitExceeded, match=r"^days ahead: the slot ends 8 days from now > 7 allowed$"):
-        book(alice, gpus[:1], 8 * 24 - 1, 8 * 24)
+        book(alice, gpus[:1], at(8 * 24 - 1), at(8 * 24))
 
 
 def test_a_limit_allowing_more_days_than_a_datetime_counts_does_not_overflow(alice, gpus):
     site_limits(max_days_ahead=2_000_000_000)  # an admin's "no limit"; timedelta stops at 999,999,999 days
-    assert book(alice, gpus[:1], 200 * 24, 200 * 24 + 1).end == at(200 * 24 + 1)
+    assert book(alice, gpus[:1], at(200 * 24), at(200 * 24 + 1)).end == at(200 * 24 + 1)
 
 
 def test_admins_book_past_the_ceilings(carol, alice, gpus):
-    assert book(alice, gpus[:1], 1, 400, actor=carol).end == at(400)
-    assert book(carol, gpus[1:2], 1000 * 24, 1000 * 24 + 1).end == at(1000 * 24 + 1)
+    assert book(alice, gpus[:1], at(1), at(400), actor=carol).end == at(400)
+    assert book(carol, gpus[1:2], at(1000 * 24), at(1000 * 24 + 1)).end == at(1000 * 24 + 1)
 
 
 def test_the_api_names_the_ceiling_in_a_403(alice, gpus):

@@ -12,7 +12,7 @@ from reservations.models import Reservation
 from reservations.services import reservation_cancel, reservation_create, reservation_reject
 from tests.api_helpers import client_for
 from tests.conftest import MONDAY_9, at
-from tests.factories import node_with_gpus
+from tests.factories import book, node_with_gpus
 
 pytestmark = pytest.mark.usefixtures("clock")
 Status = Reservation.Status
@@ -41,7 +41,7 @@ def approval_node(db):
 
 @pytest.fixture
 def pending(alice, approval_node):
-    return reservation_create(user=alice, gpus=list(approval_node.gpus.all()), start=at(2), end=at(4), purpose="sweep")
+    return book(alice, list(approval_node.gpus.all()), at(2), at(4), purpose="sweep")
 
 
 def snapshot(reservation: Reservation) -> tuple:

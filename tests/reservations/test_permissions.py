@@ -18,7 +18,7 @@ from reservations.models import Reservation
 from reservations.permissions import reservation_actions
 from reservations.selectors import pending_extension
 from tests.conftest import at
-from tests.factories import node_with_gpus
+from tests.factories import book, node_with_gpus
 
 pytestmark = pytest.mark.usefixtures("clock")
 ACTIONS = ("cancel", "release", "extend", "approve", "reject")
@@ -59,13 +59,11 @@ def offered(reservation: Reservation, viewer) -> frozenset[str]:
 
 
 def _approved(alice, carol, approval_node, clock):
-    return services.reservation_create(
-        user=alice, gpus=list(approval_node.gpus.all()), start=at(1), end=at(3), actor=carol
-    )
+    return book(alice, list(approval_node.gpus.all()), at(1), at(3), actor=carol)
 
 
 def _pending(alice, carol, approval_node, clock):
-    return services.reservation_create(user=alice, gpus=list(approval_node.gpus.all()), start=at(1), end=at(3))
+    return book(alice, list(approval_node.gpus.all()), at(1), at(3))
 
 
 def _cancelled(alice, carol, approval_node, clock):

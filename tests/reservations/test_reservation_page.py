@@ -9,7 +9,7 @@ from django.test import Client
 from django.urls import reverse
 
 from accounting.rollup import rollup
-from nodes.reports import telemetry_record
+from nodes.ingest import telemetry_record
 from notifications.services import outbox_drain
 from reservations.models import Reservation
 from reservations.services import (

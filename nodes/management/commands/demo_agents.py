@@ -27,8 +27,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.services import hash_token
-from nodes.agent.config import ConfigError, config_from_values, read_config_file
-from nodes.agent.gpus.simulated import (
+from gpubook_agent.config import ConfigError, config_from_values, read_config_file
+from gpubook_agent.gpus.simulated import (
     DEMO_DEVICE_ROOT,
     MAX_MODEL_CHARS,
     POWER_LIMIT_W,
@@ -172,7 +172,7 @@ def _simulated_lines(node: Node, cards: list[Gpu], *, home: Path, device_dir: Pa
 
 
 def _config_text(credentials: dict[str, str], portal_url: str, simulated: str) -> str:
-    # The demo portal answers on plain http: the agents accept that only when told (nodes/agent/config.py).
+    # The demo portal answers on plain http: the agents accept that only when told (gpubook_agent/config.py).
     insecure = "ALLOW_INSECURE_PORTAL=true\n" if portal_url.startswith("http://") else ""
     return (
         f"NODE_NAME={credentials['NODE_NAME']}\n"

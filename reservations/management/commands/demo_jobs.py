@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
-from nodes.agent.gpus.simulated import DEMO_DEVICE_ROOT
+from gpubook_agent.gpus.simulated import DEMO_DEVICE_ROOT
 from reservations.demo_jobs import DemoJobs, job_python, running_bookings, skip_reason
 
 log = logging.getLogger("reservations.demo_jobs")

@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 from django.utils import timezone
 
-from nodes.agent.gpus.simulated import simulated_uuid
+from gpubook_agent.gpus.simulated import simulated_uuid
 from nodes.models import Gpu, Node
 from reservations import services
 from reservations.demo_jobs import LEFT_IDLE_PURPOSE

@@ -1,0 +1,84 @@
+"""The interface every GPU backend implements (``GpuBackend``) and what it reads: the GPUs' static facts
+and their telemetry samples. The backends (nvml.py, simulated.py) import this, and gpus/__init__.py
+opens them and passes these names on to the rest of the agent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from gpubook_agent.protocol import GpuReading
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """Static facts about one GPU, read once when the backend opens."""
+
+    uuid: str
+    index: int  # informational only: enumeration order is never used for mapping
+    minor: int  # the device file is <device_dir>/nvidia<minor>
+    name: str
+    memory_total_mib: int | None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory_mib: int | None  # None when the driver does not say
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One telemetry reading. A measurement the card or driver did not give is None and named in ``missing``,
+    so the portal can tell "not supported" from zero."""
+
+    uuid: str
+    utilization_pct: int | None
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    temperature_c: int | None
+    slowdown_temperature_c: int | None
+    power_w: float | None
+    ecc_errors_uncorrected: int | None
+    processes: tuple[GpuProcess, ...]
+    missing: tuple[str, ...]
+
+    def as_dict(self) -> GpuReading:
+        """JSON-ready, as reported to the portal (lists, not tuples)."""
+        return {
+            "uuid": self.uuid,
+            "utilization_pct": self.utilization_pct,
+            "memory_used_mib": self.memory_used_mib,
+            "memory_total_mib": self.memory_total_mib,
+            "temperature_c": self.temperature_c,
+            "slowdown_temperature_c": self.slowdown_temperature_c,
+            "power_w": self.power_w,
+            "ecc_errors_uncorrected": self.ecc_errors_uncorrected,
+            "processes": [{"pid": p.pid, "used_memory_mib": p.used_memory_mib} for p in self.processes],
+            "missing": list(self.missing),
+        }
+
+
+class BackendUnavailable(Exception):
+    """The backend cannot run on this machine; the message says what failed and what to do."""
+
+
+@runtime_checkable
+class GpuBackend(Protocol):
+    name: str  # "nvml" or "simulated"
+    driver_version: str | None
+
+    def gpus(self) -> list[GpuInfo]:
+        """All GPUs, read once and cached, in a stable order."""
+        ...
+
+    def device_path(self, uuid: str) -> str:
+        """``<device_dir>/nvidia<minor>`` for this GPU; KeyError for a UUID this node does not have."""
+        ...
+
+    def sample(self) -> list[GpuSample]:
+        """One telemetry sample per GPU, in the order of ``gpus()``."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,127 @@
+"""``gpubook-agent``: the one command that runs the agent on a GPU server.
+
+Order matters: the stored snapshot is enforced (and every grant it does not back removed)
+before the agent listens to the broker, so a restart never opens a GPU to anyone it should not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import warnings
+
+from celery.exceptions import SecurityWarning
+
+from gpubook_agent import AGENT_VERSION, procfs, protocol, selfcheck
+from gpubook_agent.config import ConfigError, load_config
+from gpubook_agent.enforcer import Enforcer
+from gpubook_agent.gpus import BackendUnavailable, GpuBackend, open_configured_backend
+from gpubook_agent.reporter import Reporter
+from gpubook_agent.store import SnapshotStore, UnsafeStateDir
+from gpubook_agent.worker import make_app
+
+log = logging.getLogger("gpubook.agent")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpubook-agent", description="GPU booking portal node agent")
+    parser.add_argument("--config", help="KEY=value config file (default /etc/gpubook/agent.conf)")
+    parser.add_argument(
+        "--check", action="store_true", help="check this server and the config (OK/WARN/FAIL each), then exit"
+    )
+    parser.add_argument("--json", action="store_true", help="with --check: print the results as JSON")
+    args = parser.parse_args(argv)
+    if args.json and not args.check:
+        parser.error("--json goes with --check")
+    if args.check:
+        return selfcheck.main(args.config, as_json=args.json)
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        print(f"gpubook-agent: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        backend = open_configured_backend(config)
+    except BackendUnavailable as error:
+        print(f"gpubook-agent: {error}", file=sys.stderr)
+        return 2
+    store = SnapshotStore(config.state_dir)
+    try:
+        # What the agent reads at start decides whose processes it may end: only from a directory of its own.
+        store.prepare()
+    except UnsafeStateDir as error:
+        backend.close()
+        print(f"gpubook-agent: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        backend.close()
+        print(f"gpubook-agent: cannot use STATE_DIR {config.state_dir}: {error}", file=sys.stderr)
+        return 2
+
+    reporter = Reporter(config)
+    enforcer = Enforcer(config=config, backend=backend, store=store, report=reporter.event)
+    reporter.heartbeat = lambda: heartbeat_body(config.backend, backend, enforcer)
+    reporter.telemetry = lambda: telemetry_body(backend, enforcer)
+    # The pull: when heartbeat replies show the portal ahead of what this node has seen.
+    reporter.seen_version = lambda: enforcer.seen_version
+    reporter.offer = enforcer.offer
+
+    enforcer.startup()
+    enforcer.start()
+    reporter.start()
+    log.info(
+        "agent %s for node %s: %d GPU(s), queue %s", AGENT_VERSION, config.node_name, len(enforcer.paths), config.queue
+    )
+
+    # The agent must be root (ACLs on /dev, signals to any user's processes). Celery warns about that
+    # for workers that unpickle; ours accepts JSON only, and the warning would only alarm admins.
+    warnings.filterwarnings("ignore", category=SecurityWarning)
+    app = make_app(broker_url=config.broker_url, queue=config.queue, offer=enforcer.offer, refuse=enforcer.refuse)
+    worker = app.Worker(
+        pool="solo",
+        concurrency=1,
+        hostname=f"agent@{config.node_name}",
+        loglevel=config.log_level.upper(),
+        without_heartbeat=True,
+        without_mingle=True,
+        without_gossip=True,
+        quiet=True,
+    )
+    try:
+        worker.start()
+    finally:
+        enforcer.stop()
+        enforcer.revoke_all()  # fail closed: nothing enforces slot ends while the agent is stopped
+        reporter.stop()  # after the enforcer, so its last events are sent
+        backend.close()
+    return worker.exitcode or 0
+
+
+def heartbeat_body(kind: str, backend: GpuBackend, enforcer: Enforcer) -> protocol.Heartbeat:
+    return protocol.heartbeat(
+        backend=kind,
+        driver_version=backend.driver_version,
+        applied_version=enforcer.applied_version,
+        acls=enforcer.acls_in_force(),
+        drained=enforcer.drained,
+    )
+
+
+def telemetry_body(backend: GpuBackend, enforcer: Enforcer) -> list[protocol.GpuReading]:
+    """One sample per GPU, each process with its owner's name; the pids also feed the enforcer."""
+    samples = backend.sample()
+    enforcer.note_gpu_processes({sample.uuid: {p.pid for p in sample.processes} for sample in samples})
+    reported = []
+    for sample in samples:
+        data = sample.as_dict()
+        for process in data["processes"]:
+            uid = procfs.process_uid(process["pid"])
+            process["user"] = procfs.user_name(uid) if uid is not None else None
+        reported.append(data)
+    return reported
+
+
+if __name__ == "__main__":
+    sys.exit(main())

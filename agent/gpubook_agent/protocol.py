@@ -1,0 +1,248 @@
+"""The wire protocol between the portal and its node agents: one module, imported by both sides.
+
+What travels, and under which names: the Celery queue a node's snapshots are pushed on and the task
+that carries them; the agent's HTTP endpoints on the portal; and the shape of every body, built here
+where a body is built: the lease snapshot the portal signs (signing.py) and the agent checks
+(snapshot.py), and the heartbeat, telemetry and event reports the agent posts and the portal validates
+(nodes/ingest_serializers.py, whose fields the tests hold to the shapes below). Standard library only:
+the portal imports it from this distribution, and the agent imports nothing of the portal.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import NotRequired, Required, TypedDict
+
+from gpubook_agent import AGENT_VERSION
+
+# -- the push: Celery ------------------------------------------------------------------------------
+
+APPLY_SNAPSHOT_TASK = "gpubook.agent.apply_snapshot"
+
+
+def queue_name(node_name: str) -> str:
+    """The Celery queue the portal pushes ``node_name``'s snapshots to, and its agent consumes."""
+    return f"node.{node_name}"
+
+
+# -- the reports and the pull: HTTP, with the node's token -------------------------------------------
+
+AGENT_API_PATH = "/api/v1/agent/"
+HEARTBEAT, EVENTS, TELEMETRY, SNAPSHOT = "heartbeat", "events", "telemetry", "snapshot"
+
+
+def agent_path(endpoint: str) -> str:
+    """The path of one of the agent's endpoints below the portal's address: ``/api/v1/agent/<endpoint>/``."""
+    return f"{AGENT_API_PATH}{endpoint}/"
+
+
+# What the portal accepts in one report; the agent keeps within it, so one event never gets its whole batch
+# refused.
+MAX_GPUS = 256
+EVENTS_PER_POST = 500
+MAX_PIDS = 1000
+TEXT_LIMITS = {"user": 32, "message": 2000, "process": 64}
+BACKENDS = ("nvml", "simulated")
+# Every kind of event an agent reports (the portal stores each as a NodeEvent.Kind).
+EVENT_KINDS = (
+    "snapshot_applied",
+    "snapshot_refused",
+    "granted",
+    "revoked",
+    "grant_failed",
+    "revoke_failed",
+    "acl_error",
+    "store_failed",
+    "unknown_gpu",
+    "leftover",
+    "ended",
+    "unkillable",
+    "drain_cleared",
+    "violation",
+    "lease_refused",
+)
+
+
+# -- the bodies ----------------------------------------------------------------------------------------
+
+
+class Lease(TypedDict):
+    """One booking in a snapshot: who may open which GPUs, from when until when (ISO 8601, with a zone)."""
+
+    reservation: int
+    user: str  # the unix username on the node
+    gpus: list[str]  # GPU (or MIG) UUIDs
+    start: str
+    end: str
+
+
+class Snapshot(TypedDict):
+    """A node's whole desired state, signed with its lease secret (signing.py adds ``signature``)."""
+
+    node: str
+    version: int  # higher than any issued to this node before
+    issued_at: str
+    horizon_end: str  # leases starting up to this moment are included
+    leases: list[Lease]
+    signature: NotRequired[str]
+
+
+class Heartbeat(TypedDict):
+    """What the agent says every HEARTBEAT_SECONDS: who it is, what it enforces, what it has drained."""
+
+    sent_at: str
+    agent_version: str
+    backend: str  # one of BACKENDS
+    driver_version: str | None
+    hostname: str
+    applied_version: int  # the version of the snapshot it enforces, 0 for none
+    acls: dict[str, list[str]]  # GPU UUID -> users with an ACL on its device file
+    drained: NotRequired[list[str]]  # GPUs whose leftover processes could not be ended
+
+
+class HeartbeatReply(TypedDict):
+    """The portal's answer to a heartbeat."""
+
+    portal_time: str
+    lease_version: int  # the newest snapshot version issued to this node: an agent behind it pulls
+    ignored_gpus: list[str]  # UUIDs in the heartbeat that are not this node's
+
+
+class ProcessReading(TypedDict):
+    pid: int
+    used_memory_mib: int | None
+    user: NotRequired[str | None]  # the owner's name, added by the agent from /proc
+
+
+class GpuReading(TypedDict):
+    """One GPU's telemetry sample; a measurement the card or driver did not give is None and named in
+    ``missing``, so the portal can tell "not supported" from zero."""
+
+    uuid: str
+    utilization_pct: int | None
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    temperature_c: int | None
+    slowdown_temperature_c: int | None
+    power_w: float | None
+    ecc_errors_uncorrected: int | None
+    processes: list[ProcessReading]
+    missing: list[str]
+
+
+class Telemetry(TypedDict):
+    sent_at: str
+    gpus: list[GpuReading]
+
+
+class Event(TypedDict, total=False):
+    """Something the agent did or saw; ``kind`` and ``at`` always, the rest as the kind calls for."""
+
+    kind: Required[str]  # one of EVENT_KINDS
+    at: Required[str]
+    gpu: str
+    user: str | None
+    reservation: int
+    message: str
+    pid: int
+    pids: list[int]
+    process: str | None
+    version: int  # of the snapshot applied or refused
+    leases: int  # how many the applied snapshot holds
+    boundary: str  # the lease start or end behind a grant or a revocation
+    drained: bool
+
+
+class Events(TypedDict):
+    events: list[dict[str, object]]  # each an Event, at most EVENTS_PER_POST
+
+
+# -- building them ---------------------------------------------------------------------------------------
+
+
+def timestamp(moment: datetime | None = None) -> str:
+    """A moment as the protocol writes it: ISO 8601 with its zone; now (UTC) by default."""
+    return (moment or datetime.now(UTC)).isoformat()
+
+
+def lease(*, reservation: int, user: str, gpus: Iterable[str], start: datetime, end: datetime) -> Lease:
+    return {
+        "reservation": reservation,
+        "user": user,
+        "gpus": list(gpus),
+        "start": start.isoformat(),
+        "end": end.isoformat(),
+    }
+
+
+def snapshot(*, node: str, version: int, issued_at: datetime, horizon_end: datetime, leases: list[Lease]) -> Snapshot:
+    """The unsigned snapshot (signing.signed adds the signature)."""
+    return {
+        "node": node,
+        "version": version,
+        "issued_at": issued_at.isoformat(),
+        "horizon_end": horizon_end.isoformat(),
+        "leases": leases,
+    }
+
+
+def snapshot_message(signed_snapshot: Mapping[str, object]) -> str:
+    """What a push carries as its one argument: the signed snapshot as one compact JSON string, so that the
+    agent parses it itself within its own size and nesting limits (kombu would parse an object first)."""
+    return json.dumps(signed_snapshot, separators=(",", ":"))
+
+
+def heartbeat(
+    *,
+    backend: str,
+    driver_version: str | None,
+    applied_version: int,
+    acls: Mapping[str, Iterable[str]],
+    drained: Iterable[str] | None = None,
+    sent_at: datetime | None = None,
+) -> Heartbeat:
+    """A heartbeat from this host, sent now unless ``sent_at`` says otherwise. ``drained`` is left out
+    when not given (the self-check, which has no enforcer's memory to read it from); the portal takes
+    a heartbeat without it as draining nothing."""
+    body: Heartbeat = {
+        "sent_at": timestamp(sent_at),
+        "agent_version": AGENT_VERSION,
+        "backend": backend,
+        "driver_version": driver_version,
+        "hostname": socket.gethostname(),
+        "applied_version": applied_version,
+        "acls": {uuid: list(users) for uuid, users in acls.items()},
+    }
+    if drained is not None:
+        body["drained"] = sorted(drained)
+    return body
+
+
+def telemetry(gpus: list[GpuReading], *, sent_at: datetime | None = None) -> Telemetry:
+    return {"sent_at": timestamp(sent_at), "gpus": gpus}
+
+
+def event(kind: str, fields: Mapping[str, object], *, at: datetime | None = None) -> dict[str, object]:
+    """One event (see ``Event``) with these ``fields``, happening now unless ``at`` says otherwise. Fields
+    that are None are left out; a pid list and texts are cut to what the portal accepts (a text cut short
+    ends in "…")."""
+    record: dict[str, object] = {
+        "kind": kind,
+        "at": timestamp(at),
+        **{key: value for key, value in fields.items() if value is not None},
+    }
+    pids = record.get("pids")
+    if isinstance(pids, list) and len(pids) > MAX_PIDS:
+        record["pids"] = pids[:MAX_PIDS]
+    for key, limit in TEXT_LIMITS.items():
+        text = record.get(key)
+        if isinstance(text, str) and len(text) > limit:
+            record[key] = text[: limit - 1] + "…"
+    return record
+
+
+def events(batch: list[dict[str, object]]) -> Events:
+    return {"events": batch}

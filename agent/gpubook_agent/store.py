@@ -1,0 +1,233 @@
+"""What the agent keeps on disk: the newest accepted snapshot, and the revocations of the last day.
+
+Both live in ``STATE_DIR``, which the agent trusts only while it is its own: owned by the agent's
+uid (root on a node) and writable by nobody else (``UnsafeStateDir`` otherwise; the agent refuses
+to start, and every read or write here refuses too). Whoever can write there could otherwise plant
+files that steer the agent. Every operation opens the directory, checks that open directory, and
+works relative to it, so a directory swapped in after a check is never used.
+
+Files are opened with ``O_NOFOLLOW`` and must be regular files of the agent's own: a symbolic link
+(to ``/etc/shadow``, or to a file someone else controls) is never read from or written through.
+Writes are atomic (a new temporary file, created exclusively and without following links, fsync,
+rename over the old name, fsync of the directory): after a crash a file holds either the old content
+or the new one, never half of each, and a rename replaces a link instead of following it.
+
+The stored snapshot carries the portal's signature and is verified again when it is read back. The
+revocation log is the agent's own: it is signed with the lease secret (``signing.py``, as snapshots
+are), so a log edited on disk is ignored rather than believed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import pwd
+import secrets
+import stat
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gpubook_agent import signing
+
+REVOCATION_LOG = "revocation-log"  # the signed log's "kind": a snapshot's signature can never pass for it
+MAX_STATE_FILE_BYTES = 64 * 1024 * 1024  # far above any real snapshot (a day of leases) or log
+
+
+class StateFileIgnored(Exception):
+    """A state file exists but is not used; the message says why (the agent reports it)."""
+
+
+class UnsafeStateDir(OSError):
+    """STATE_DIR is not the agent's own: someone else could write there. The message names the path,
+    the owner and mode found, and the fix."""
+
+    def __init__(self, path: Path, *, owner: str, mode: int, fix: str) -> None:
+        self.path, self.owner, self.mode, self.fix = path, owner, mode, fix
+        self.problem = (
+            f"STATE_DIR {path} is owned by {owner} with mode {mode:04o}: no account but the agent's own "
+            f"({_account(os.geteuid())}) may write there, or whoever can could plant the files that decide "
+            "what the agent trusts at start"
+        )
+        super().__init__(f"{self.problem}; fix: {fix}")
+
+
+def state_dir_fix(path: str | Path) -> str:
+    """The commands that make ``path`` the agent's own (``chown root: DIR; chmod 700 DIR`` on a node)."""
+    return f"chown {_account(os.geteuid())}: {path}; chmod 700 {path}"
+
+
+def _check_directory(path: Path, info: os.stat_result) -> None:
+    """Raise UnsafeStateDir unless the directory ``info`` describes is owned by this process's uid and
+    not writable by group or others (the group bits also show an ACL's mask, so a named ACL entry with
+    write access shows here too)."""
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid != os.geteuid() or mode & 0o022:
+        name = _account(info.st_uid)
+        owner = name if name.startswith("uid ") else f"{name} (uid {info.st_uid})"
+        raise UnsafeStateDir(path, owner=owner, mode=mode, fix=state_dir_fix(path))
+
+
+class SnapshotStore:
+    FILENAME = "snapshot.json"
+    REVOCATIONS = "revoked.json"
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.directory = Path(state_dir)
+        self.path = self.directory / self.FILENAME
+        self.revocations_path = self.directory / self.REVOCATIONS
+
+    def prepare(self) -> None:
+        """Create STATE_DIR (0700) if it is missing, then check it is the agent's own: UnsafeStateDir if
+        not, another OSError if it cannot be used at all (not a directory, not reachable)."""
+        os.close(self._open_directory(create=True))
+
+    # -- the snapshot --------------------------------------------------------------------------
+
+    def load(self) -> dict[str, Any] | None:
+        """The stored snapshot as it is on disk (not verified here), None if there is none;
+        StateFileIgnored if there is one that cannot be used, with the reason."""
+        raw = self._read(self.FILENAME)
+        if raw is None:
+            return None
+        data = _parse_json(self.path, raw)
+        if not isinstance(data, dict):
+            raise StateFileIgnored(f"{self.path}: not a JSON object")
+        return data
+
+    def save(self, snapshot: dict[str, Any]) -> None:
+        self._write(self.FILENAME, snapshot)
+
+    # -- the revocation log ----------------------------------------------------------------------
+
+    def load_revocations(self, *, secret: str) -> dict[tuple[str, str], datetime]:
+        """Recent revocations, (gpu, user) -> when: a restarted agent still ends what they left. Empty
+        when there is no log; StateFileIgnored when the log is unusable, unsigned or signed otherwise
+        (an edited log is not believed: it would let its editor choose whose processes are ended)."""
+        raw = self._read(self.REVOCATIONS)
+        if raw is None:
+            return {}
+        data = _parse_json(self.revocations_path, raw)
+        if not isinstance(data, dict) or data.get("kind") != REVOCATION_LOG:
+            raise StateFileIgnored(f"{self.revocations_path}: not a revocation log")
+        try:
+            trusted = signing.verify(data, secret)
+        except (TypeError, ValueError):  # a signature that is not text hmac can compare
+            trusted = False
+        if not trusted:
+            raise StateFileIgnored(f"{self.revocations_path}: bad or missing signature")
+        rows = data.get("revocations")
+        if not isinstance(rows, list):
+            raise StateFileIgnored(f"{self.revocations_path}: no list of revocations")
+        revocations: dict[tuple[str, str], datetime] = {}
+        for row in rows:
+            if not (isinstance(row, list) and len(row) == 3 and all(isinstance(item, str) for item in row)):
+                raise StateFileIgnored(f"{self.revocations_path}: malformed entry {str(row)[:100]}")
+            gpu, user, at = row
+            try:
+                when = datetime.fromisoformat(at)
+            except ValueError:
+                raise StateFileIgnored(f"{self.revocations_path}: malformed time {at[:40]!r}") from None
+            if when.tzinfo is None:
+                raise StateFileIgnored(f"{self.revocations_path}: a time without a zone, {at[:40]!r}")
+            revocations[(gpu, user)] = when
+        return revocations
+
+    def save_revocations(self, revocations: dict[tuple[str, str], datetime], *, secret: str) -> None:
+        rows = [[gpu, user, at.isoformat()] for (gpu, user), at in sorted(revocations.items())]
+        self._write(self.REVOCATIONS, signing.signed({"kind": REVOCATION_LOG, "revocations": rows}, secret))
+
+    # -- files in the directory, never through a link ----------------------------------------------
+
+    def _open_directory(self, *, create: bool) -> int:
+        """A descriptor of STATE_DIR, checked (the caller closes it); FileNotFoundError if it does not
+        exist and ``create`` is false."""
+        if create:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            _check_directory(self.directory, os.fstat(fd))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _read(self, name: str) -> bytes | None:
+        """The file's bytes, None if it does not exist; StateFileIgnored for anything else wrong."""
+        path = self.directory / name
+        try:
+            directory = self._open_directory(create=False)
+        except FileNotFoundError:
+            return None
+        except OSError as error:  # UnsafeStateDir included
+            raise StateFileIgnored(f"{path}: {error}") from error
+        try:
+            # O_NONBLOCK: a FIFO planted under the name must not hang the agent at start.
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise StateFileIgnored(f"{path} is a symbolic link: not followed") from error
+            raise StateFileIgnored(f"{path}: {error.strerror}") from error
+        finally:
+            os.close(directory)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            os.close(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise StateFileIgnored(f"{path} is not a regular file")
+            if info.st_uid != os.geteuid():
+                raise StateFileIgnored(f"{path} belongs to {_account(info.st_uid)}, not to the agent")
+            # The agent writes 0600; a file others may write is one nobody can vouch for.
+            raise StateFileIgnored(f"{path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o})")
+        with os.fdopen(fd, "rb") as file:
+            try:
+                raw = file.read(MAX_STATE_FILE_BYTES + 1)
+            except OSError as error:
+                raise StateFileIgnored(f"{path}: {error.strerror}") from error
+        if len(raw) > MAX_STATE_FILE_BYTES:
+            raise StateFileIgnored(f"{path} is larger than {MAX_STATE_FILE_BYTES} bytes")
+        return raw
+
+    def _write(self, name: str, data: Any) -> None:
+        directory = self._open_directory(create=True)
+        try:
+            temporary = self._temporary_name(name)
+            # O_EXCL with O_CREAT never follows a link (an existing name fails); O_NOFOLLOW says so twice.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(temporary, flags, 0o600, dir_fd=directory)
+            try:
+                with os.fdopen(fd, "w") as file:
+                    json.dump(data, file, sort_keys=True)
+                    file.flush()
+                    os.fsync(file.fileno())
+                # A rename replaces whatever has the name (a link included) and never writes through it.
+                os.replace(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temporary, dir_fd=directory)
+                raise
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    @staticmethod
+    def _temporary_name(name: str) -> str:
+        return f".{Path(name).stem}-{secrets.token_hex(8)}.tmp"
+
+
+def _parse_json(path: Path, raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as error:  # RecursionError: JSON nested too deep
+        raise StateFileIgnored(f"{path}: not valid JSON ({str(error)[:100]})") from error
+
+
+def _account(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"

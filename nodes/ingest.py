@@ -1,0 +1,229 @@
+"""What node agents report: heartbeats, events and telemetry, stored as the latest state.
+
+Each report, once stored, is announced (nodes/signals.py): alerts look at it, live sends the status
+pages what changed. Nothing here calls those apps: they sit above nodes.
+
+A node reports only for itself: the view authenticates the node by its token, and every GPU
+named in a report is looked up among *that* node's GPUs; anything else is ignored and named
+back to the agent, never written.
+
+Events are stored within a budget per node (NODE_EVENTS_PER_MINUTE) and kept NODE_EVENTS_KEEP_DAYS;
+past the budget they are counted, not stored, but those that drain GPUs and open or resolve alerts
+still act (``agent_events_record``). Heartbeats are also when alerts check that beat's periodic jobs
+run (a receiver of ``node_reported``): they arrive every few seconds whether beat lives or not.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from nodes.history import history_record
+from nodes.liveness import node_online
+from nodes.models import AgentState, Gpu, GpuTelemetry, Node, NodeEvent
+from nodes.services import gpu_drain
+from nodes.signals import node_back_online, node_events_recorded, node_reported, telemetry_received
+from nodes.usage import usage_record
+
+logger = logging.getLogger(__name__)
+
+TELEMETRY_FIELDS = (*GpuTelemetry.READINGS, "processes")
+EVENT_DETAIL_FIELDS = ("pid", "pids", "process", "version", "leases", "boundary", "drained")
+# Events that act: an unkillable leftover drains its GPU, and these open or resolve alerts
+# (the receivers of node_events_recorded). Past the node's budget they are stored first, and act even
+# when not stored.
+ACTING_EVENTS = frozenset(
+    {
+        NodeEvent.Kind.UNKILLABLE,
+        NodeEvent.Kind.VIOLATION,
+        NodeEvent.Kind.LEFTOVER,
+        NodeEvent.Kind.LEASE_REFUSED,
+        NodeEvent.Kind.ENDED,
+        NodeEvent.Kind.DRAIN_CLEARED,
+        NodeEvent.Kind.GRANTED,
+    }
+)
+# Past the budget, acting events act once per (kind, GPU, user) of a report, for at most this many
+# of them: a node in trouble names a few; thousands of made-up users are only counted.
+ACTING_PAST_BUDGET = 50
+PRUNE_BATCH = 5000
+
+
+def _gpus_by_uuid(node: Node) -> dict[str, Gpu]:
+    return {gpu.uuid: gpu for gpu in Gpu.objects.filter(node=node)}
+
+
+def agent_heartbeat_record(*, node: Node, data: dict[str, Any], now: datetime) -> tuple[AgentState, list[str]]:
+    """Store the heartbeat; returns the state and the GPU UUIDs that are not this node's."""
+    known = _gpus_by_uuid(node)
+    acls = {uuid: sorted(users) for uuid, users in data.get("acls", {}).items() if uuid in known}
+    ignored = sorted(set(data.get("acls", {})) - set(known))
+    drained = [uuid for uuid in data.get("drained", []) if uuid in known]
+    previous = AgentState.objects.filter(node=node).first()
+    state, _ = AgentState.objects.update_or_create(
+        node=node,
+        defaults={
+            "last_seen": now,
+            "offline_since": None,
+            "agent_version": data["agent_version"],
+            "backend": data["backend"],
+            "driver_version": data.get("driver_version") or "",
+            "reported_hostname": data.get("hostname") or "",
+            "applied_version": data["applied_version"],
+            "acls": acls,
+            "drained": drained,
+            "clock_skew_seconds": (data["sent_at"] - now).total_seconds(),
+        },
+    )
+    cards_changed = _came_back(node, previous, now) or (previous is not None and previous.drained != drained)
+    node_reported.send(sender=Node, node=node, now=now, cards_changed=cards_changed)
+    return state, ignored
+
+
+def _came_back(node: Node, previous: AgentState | None, now: datetime) -> bool:
+    """After a report is stored: whether the node was silent before it (or never reported), so
+    that every card changes. A node that beat had marked offline is announced back online."""
+    if previous is not None and previous.offline_since is not None:
+        node_back_online.send(sender=Node, node=node, now=now)
+    return not node_online(previous, now)
+
+
+def agent_events_record(*, node: Node, events: Iterable[dict[str, Any]]) -> tuple[int, list[str]]:
+    """Store the events within the node's budget, and act on them: an unkillable leftover drains
+    its GPU, and alerts open or resolve. Returns (stored, ignored UUIDs).
+
+    Past NODE_EVENTS_PER_MINUTE the rest are counted in the node's agent state, not stored; acting
+    events are stored first, and past the budget still act, once per (kind, GPU, user) of the
+    report and for at most ACTING_PAST_BUDGET of them."""
+    known = _gpus_by_uuid(node)
+    rows, ignored = [], set()
+    for event in events:
+        uuid = event.get("gpu") or ""
+        gpu = known.get(uuid)
+        if uuid and gpu is None:
+            ignored.add(uuid)
+        rows.append(
+            NodeEvent(
+                node=node,
+                gpu=gpu,
+                kind=event["kind"],
+                at=event["at"],
+                user=event.get("user") or "",
+                reservation_id=event.get("reservation"),
+                message=event.get("message", ""),
+                details={key: event[key] for key in EVENT_DETAIL_FIELDS if key in event},
+            )
+        )
+    now = timezone.now()
+    with transaction.atomic():
+        allowed = _spend_event_budget(node, len(rows), now)
+        if allowed < len(rows):
+            rows.sort(key=lambda row: row.kind not in ACTING_EVENTS)  # stable: acting events first
+        stored, past = rows[:allowed], rows[allowed:]
+        acting = stored + _acting_past_budget(past)
+        NodeEvent.objects.bulk_create(stored)
+        for row in acting:
+            if row.kind == NodeEvent.Kind.UNKILLABLE and row.gpu is not None:
+                pids = ", ".join(map(str, row.details.get("pids", [])))
+                gpu_drain(gpu=row.gpu, reason=f"processes of {row.user or 'unknown'} could not be ended (pids {pids})")
+        node_events_recorded.send(sender=Node, node=node, stored=stored, acting=acting, now=now)
+    return len(stored), sorted(ignored)
+
+
+def _spend_event_budget(node: Node, asked: int, now: datetime) -> int:
+    """How many of ``asked`` events the node may store now: NODE_EVENTS_PER_MINUTE per minute of the
+    portal's clock. The rest are counted as dropped. The node's agent state row is locked, so two
+    reports of one node at once share one budget; a node that never sent a heartbeat gets a state
+    marked offline (its events are not a sign that it enforces anything)."""
+    if not asked:
+        return 0
+    AgentState.objects.get_or_create(node=node, defaults={"last_seen": now, "offline_since": now})
+    state = AgentState.objects.select_for_update().get(node=node)
+    minute = now.replace(second=0, microsecond=0)
+    used = state.events_in_minute if state.events_minute == minute else 0
+    allowed = max(0, min(asked, settings.NODE_EVENTS_PER_MINUTE - used))
+    dropped = asked - allowed
+    changes: dict[str, Any] = {"events_minute": minute, "events_in_minute": used + allowed}
+    if dropped:
+        changes |= {"events_dropped": F("events_dropped") + dropped, "events_dropped_at": now}
+        if used < settings.NODE_EVENTS_PER_MINUTE:  # once a minute, not once a report
+            logger.warning(
+                "node %s sent more than NODE_EVENTS_PER_MINUTE=%s events this minute: the rest are counted, not stored",
+                node.name,
+                settings.NODE_EVENTS_PER_MINUTE,
+            )
+    AgentState.objects.filter(pk=state.pk).update(**changes)
+    return allowed
+
+
+def _acting_past_budget(rows: list[NodeEvent]) -> list[NodeEvent]:
+    """The events past the budget that still act: the first of each (kind, GPU, user)."""
+    seen: set[tuple[str, int | None, str]] = set()
+    acting = []
+    for row in rows:
+        subject = (row.kind, row.gpu_id, row.user)
+        if row.kind not in ACTING_EVENTS or subject in seen:
+            continue
+        if len(seen) >= ACTING_PAST_BUDGET:
+            break
+        seen.add(subject)
+        acting.append(row)
+    return acting
+
+
+def node_events_prune(now: datetime) -> int:
+    """Delete events received more than NODE_EVENTS_KEEP_DAYS ago (0: keep them), in batches so no
+    statement locks the table for long; returns how many went. Idempotent."""
+    if settings.NODE_EVENTS_KEEP_DAYS <= 0:
+        return 0
+    old = NodeEvent.objects.filter(received_at__lt=now - timedelta(days=settings.NODE_EVENTS_KEEP_DAYS))
+    deleted = 0
+    while True:
+        batch = list(old.order_by().values_list("pk", flat=True)[:PRUNE_BATCH])
+        if batch:
+            deleted += NodeEvent.objects.filter(pk__in=batch).delete()[0]
+        if len(batch) < PRUNE_BATCH:
+            return deleted
+
+
+def event_data(event: NodeEvent) -> dict[str, Any]:
+    """An event as admins see it live: what, when, which GPU, whose."""
+    return {
+        "kind": event.kind,
+        "label": event.get_kind_display(),
+        "at": event.at.isoformat(),
+        "gpu": event.gpu.index if event.gpu else None,
+        "user": event.user,
+        "reservation": event.reservation_id,
+        "message": event.message,
+    }
+
+
+def telemetry_record(*, node: Node, samples: Iterable[dict[str, Any]], now: datetime) -> tuple[int, list[str]]:
+    """Upsert the latest reading of each of the node's GPUs in one statement; alerts look at it."""
+    known = _gpus_by_uuid(node)
+    rows, ignored = [], []
+    for sample in samples:
+        gpu = known.get(sample["uuid"])
+        if gpu is None:
+            ignored.append(sample["uuid"])
+            continue
+        rows.append(GpuTelemetry(gpu=gpu, at=now, **{field: sample.get(field) for field in TELEMETRY_FIELDS}))
+    previous = AgentState.objects.filter(node=node).first()
+    with transaction.atomic():
+        GpuTelemetry.objects.bulk_create(
+            rows, update_conflicts=True, unique_fields=["gpu"], update_fields=["at", *TELEMETRY_FIELDS]
+        )
+        AgentState.objects.filter(node=node).update(last_seen=now, offline_since=None)
+        came_back = _came_back(node, previous, now)
+    usage_record(rows)
+    telemetry_received.send(sender=Node, node=node, readings=rows, now=now, came_back=came_back)
+    history_record((row.gpu_id, now, row.utilization_pct) for row in rows)
+    return len(rows), sorted(ignored)

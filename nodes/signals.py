@@ -1,0 +1,37 @@
+"""What nodes announce: reports stored, nodes gone silent or back, GPUs drained or returned.
+
+nodes sits below reservations and the apps that react (alerts, live): it never calls them, it sends
+these and they receive (docs/architecture.md, "Signals"). Each is a ``PhasedSignal``: receivers of
+``.in_transaction`` run at once, inside the report's transaction where there is one (alerts write
+their rows there); receivers of ``.on_commit`` run once it has committed (live broadcasts).
+
+All are sent with ``sender=Node`` (or ``Gpu``) and keyword arguments only:
+"""
+
+from __future__ import annotations
+
+from kernel.signals import PhasedSignal
+
+# A heartbeat was stored. node, now; ``cards_changed``: the node came back from silence or its
+# drained GPUs changed, so its status cards differ (telemetry refreshes them otherwise).
+node_reported = PhasedSignal("node_reported")
+
+# Telemetry was stored. node, readings (GpuTelemetry rows, one per GPU), now, ``came_back`` (the
+# node was silent before this report: every card changes, not only the readings).
+telemetry_received = PhasedSignal("telemetry_received")
+
+# Agent events were stored. node, ``stored`` (NodeEvent rows written), ``acting`` (those that open or
+# resolve alerts, including some past the node's event budget that were not stored), now.
+node_events_recorded = PhasedSignal("node_events_recorded")
+
+# Nodes silent for AGENT_OFFLINE_AFTER_SECONDS were just marked offline. node_ids, now.
+nodes_went_offline = PhasedSignal("nodes_went_offline")
+
+# A node marked offline reported again. node, now.
+node_back_online = PhasedSignal("node_back_online")
+
+# A GPU was taken out of booking (sender=Gpu). gpu, reason, actor (None: the agent's report).
+gpu_drained = PhasedSignal("gpu_drained")
+
+# An admin returned a drained GPU to service (sender=Gpu). gpu, actor.
+gpu_returned = PhasedSignal("gpu_returned")

@@ -1,7 +1,0 @@
-from django.urls import path
-
-from nodes.pages import status_page
-
-urlpatterns = [
-    path("status/", status_page, name="status"),
-]

@@ -1,0 +1,198 @@
+"""The calendar's reads: the rows (nodes with their GPUs) and the events (live bookings and
+maintenance windows) of one visible range, in the shapes EventCalendar parses.
+
+Like a meeting-room calendar, everyone sees everyone's live bookings with the holder's name; the
+purpose stays private to the holder and admins (as in ``ReservationSerializer``).
+
+These build plain dicts straight from ``values_list`` rows rather than returning querysets for a
+serializer: a week of a full lab is thousands of bookings, and the answer must not cost a query (or
+a serializer) per booking. They serve the calendar page's first paint (``pages.calendar_page``) and
+its data endpoint (reservations/calendar_api.py).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.contrib.postgres.fields import RangeBoundary
+from django.db import connection
+from django.db.models import BooleanField, CharField, ExpressionWrapper, QuerySet
+from django.db.models.functions import Cast
+from django.urls import reverse
+
+from nodes.models import BOOKABLE_GPUS, Gpu, Node
+from reservations.calendar_format import gpu_label, iso_from_text, iso_utc
+from reservations.constraints import TsTzRange
+from reservations.models import Allocation, MaintenanceWindow, Reservation
+from reservations.permissions import allowed_actions
+
+
+def calendar_resources(*, node: Node | None = None) -> list[dict[str, Any]]:
+    """The rows: one resource per node (all nodes, or ``node``), its GPUs as ``children``. Two queries."""
+    nodes = Node.objects.order_by("name")
+    gpus = Gpu.objects.filter(parent__isnull=True).order_by("node_id", "index")
+    if node is not None:
+        nodes, gpus = nodes.filter(pk=node.pk), gpus.filter(node=node)
+    children: dict[int, list[dict[str, Any]]] = {}
+    gpus = gpus.annotate(usable=ExpressionWrapper(BOOKABLE_GPUS, output_field=BooleanField()))
+    for pk, node_id, node_name, index, model, memory_mib, usable in gpus.values_list(
+        "pk", "node_id", "node__name", "index", "model", "memory_mib", "usable"
+    ):
+        label = gpu_label(index, model, memory_mib)
+        children.setdefault(node_id, []).append(
+            {
+                "id": f"gpu-{pk}",
+                "title": label if usable else f"{label} (not bookable)",
+                "extendedProps": {
+                    "kind": "gpu",
+                    "gpu": pk,
+                    "node": node_name,
+                    "index": index,
+                    "label": label,
+                    "bookable": usable,
+                },
+            }
+        )
+    resources = []
+    for pk, name, status in nodes.values_list("pk", "name", "status"):
+        active = status == Node.Status.ACTIVE
+        title = name if active else f"{name} ({Node.Status(status).label.lower()})"
+        resources.append(
+            {
+                "id": f"node-{pk}",
+                "title": title,
+                "extendedProps": {"kind": "node", "node": name, "status": status, "bookable": active},
+                "children": children.get(pk, []),
+            }
+        )
+    return resources
+
+
+def calendar_events(
+    *,
+    user: Any,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    resources: list[dict[str, Any]],
+    node: Node | None = None,
+) -> list[dict[str, Any]]:
+    """Live bookings and maintenance windows overlapping [start, end), as EventCalendar events.
+
+    Three queries whatever the number of bookings: the reservations (with their holders), their
+    GPUs (the active allocations in the range), the maintenance windows. A booking's allocations
+    hold its exact period, so both range filters pick the same bookings; one that changes between
+    the two reads is shown as the first read saw it, or not at all, until the next load.
+    """
+    is_admin = user.is_booking_admin
+    reservations = Reservation.objects.filter(status__in=Reservation.LIVE_STATUSES, start__lt=end, end__gt=start)
+    allocations = _active_allocations_overlapping(start, end)
+    if node is not None:
+        reservations = reservations.filter(node=node)
+        allocations = allocations.filter(reservation__node=node)
+    gpus_of: dict[int, list[str]] = {}
+    for rid, gpu_id in allocations.order_by("reservation_id", "gpu_id").values_list("reservation_id", "gpu_id"):
+        gpus_of.setdefault(rid, []).append(f"gpu-{gpu_id}")
+    # The times come as text: Django reads a timestamptz through psycopg's pure-Python loader
+    # (~5 µs each), which was the largest cost of a full week (10,000 times). Django runs the
+    # connection in UTC, so the text is UTC, and it sorts and compares like the times themselves.
+    rows = (
+        reservations.order_by("start", "id")
+        .annotate(start_text=Cast("start", CharField()), end_text=Cast("end", CharField()))
+        .values_list("id", "user_id", "user__username", "start_text", "end_text", "status", "purpose", "extends_id")
+    )
+    now_key = now.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    page_prefix = reservation_page_prefix()
+    events = []
+    for rid, owner_id, username, start_text, end_text, status, purpose, extends_id in rows:
+        resource_ids = gpus_of.get(rid)
+        if not resource_ids:
+            continue
+        mine = owner_id == user.pk
+        acts = mine or is_admin
+        started, ended = start_text[:19] <= now_key, end_text[:19] <= now_key
+        # What the services would allow now (they decide; this only chooses the buttons).
+        allowed = allowed_actions(
+            owner=mine,
+            admin=is_admin,
+            status=status,
+            is_request=extends_id is not None and status == Reservation.Status.PENDING,
+            started=started,
+            ended=ended,
+        )
+        can_extend = "extend" in allowed
+        events.append(
+            {
+                "id": f"reservation-{rid}",
+                "resourceIds": resource_ids,
+                "start": iso_from_text(start_text),
+                "end": iso_from_text(end_text),
+                "title": username,
+                "classNames": [status, "mine"] if mine else [status],
+                # Whether its end may be dragged (which extends it); a booking is never moved.
+                "editable": can_extend,
+                "extendedProps": {
+                    "kind": "reservation",
+                    "reservation": rid,
+                    "status": status,
+                    "mine": mine,
+                    "purpose": purpose if acts else None,
+                    "can_cancel": "cancel" in allowed,
+                    "can_release": "release" in allowed,
+                    "extends": extends_id,
+                    "can_extend": can_extend,
+                    # The booking's page, for those who may open it (its holder and the admins).
+                    "url": f"{page_prefix}{rid}/" if acts else None,
+                },
+            }
+        )
+    return events + _maintenance_events(start=start, end=end, resources=resources, node=node)
+
+
+def reservation_page_prefix() -> str:
+    """'/reservations/' (with any script prefix): a booking's page is this plus '<id>/'. Reversed
+    once per answer rather than once per booking, which a full week of a lab would feel."""
+    sample = reverse("reservation-detail", kwargs={"pk": 1})
+    if not sample.endswith("/1/"):
+        raise ValueError(f"The booking page's URL changed shape: {sample}")
+    return sample.removesuffix("1/")
+
+
+def _active_allocations_overlapping(start: datetime, end: datetime) -> QuerySet[Allocation]:
+    allocations = Allocation.objects.filter(active=True)
+    if connection.vendor != "postgresql":
+        return allocations.filter(start__lt=end, end__gt=start)
+    # Written as the exclusion constraint's expression, so that its GiST index finds the range's
+    # allocations directly, however long the history (a plain start/end filter scans it all).
+    period = TsTzRange("start", "end", RangeBoundary())
+    return allocations.annotate(period=period).filter(period__overlap=(start, end))
+
+
+def _maintenance_events(
+    *, start: datetime, end: datetime, resources: list[dict[str, Any]], node: Node | None
+) -> list[dict[str, Any]]:
+    """Maintenance windows as background events: on the node's row and all its GPUs, or on one GPU."""
+    rows_of_node = {
+        row["extendedProps"]["node"]: [row["id"], *(child["id"] for child in row["children"])] for row in resources
+    }
+    windows = MaintenanceWindow.objects.filter(start__lt=end, end__gt=start)
+    if node is not None:
+        windows = windows.filter(node=node)
+    events = []
+    for pk, node_name, gpu_id, w_start, w_end, reason in windows.order_by("start", "pk").values_list(
+        "pk", "node__name", "gpu_id", "start", "end", "reason"
+    ):
+        events.append(
+            {
+                "id": f"maintenance-{pk}",
+                "resourceIds": [f"gpu-{gpu_id}"] if gpu_id else rows_of_node.get(node_name, []),
+                "start": iso_utc(w_start),
+                "end": iso_utc(w_end),
+                "title": f"Maintenance: {reason}" if reason else "Maintenance",
+                "display": "background",
+                "classNames": ["maintenance"],
+                "extendedProps": {"kind": "maintenance", "maintenance": pk, "node": node_name, "gpu": gpu_id},
+            }
+        )
+    return events

@@ -1,0 +1,123 @@
+"""What the browser tests do in Chromium, again and again: find Chromium, log in (by the form, or with a
+session cookie), save screenshots, collect what went wrong on a page, and move about the calendar.
+
+Plain functions; the fixtures that use them are in conftest.py. bench/calendar_render.py imports this module
+before Django is set up, so nothing here imports the portal's apps at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from datetime import UTC, datetime, time, timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.utils import timezone
+from playwright.sync_api import Page, expect
+
+CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium")
+# Without these Chromium keeps calling home, and this machine's closed network refuses each call.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def chromium_path() -> str | None:
+    """Debian's Chromium, where it is installed (None when it is not)."""
+    return next((path for path in CHROMIUM_CANDIDATES if os.path.exists(path)), shutil.which("chromium"))
+
+
+# --- logging in -------------------------------------------------------------------------------
+
+
+def log_in(page, server, username: str, password: str = "correct horse battery staple") -> None:  # noqa: S107 - the factories' test password
+    """Log in through the login form; ``server`` is live_server (or anything with .url) or the base URL."""
+    base = server if isinstance(server, str) else server.url
+    page.goto(f"{base}/accounts/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(f"{base}/")
+
+
+def give_session(context, server, user) -> None:
+    """Give the browser context ``user``'s logged-in session on ``server`` (tests/live/server.py's
+    AsgiServer), as if they had used the login form."""
+    from tests.live.server import session_for
+
+    context.add_cookies([{"name": "sessionid", "value": session_for(user), "url": server.url}])
+
+
+def open_page(page, server, user, path: str = "/status/") -> None:
+    """Open ``path`` on ``server`` as ``user`` (logged in by cookie)."""
+    give_session(page.context, server, user)
+    page.goto(f"{server.url}{path}")
+
+
+# --- what a page shows, and what went wrong on it -------------------------------------------------
+
+
+def save_screenshot(page, name: str) -> Path:
+    """Save the page as var/screenshots/<name>.png (or under $SCREENSHOT_DIR)."""
+    directory = Path(os.environ.get("SCREENSHOT_DIR", settings.BASE_DIR / "var" / "screenshots"))
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+class Problems:
+    """What went wrong on a page since the last ``take()``: console errors and uncaught script errors,
+    and, with ``requests``, failed or refused (4xx, 5xx) requests."""
+
+    def __init__(self, page: Page, *, requests: bool = True) -> None:
+        self.seen: list[str] = []
+        page.on("console", self.console)
+        page.on("pageerror", lambda error: self.seen.append(f"uncaught: {error}"))
+        if requests:
+            page.on("requestfailed", lambda request: self.seen.append(f"failed: {request.url} {request.failure}"))
+            page.on("response", self.response)
+
+    def console(self, message) -> None:
+        if message.type == "error":
+            self.seen.append(f"console: {message.text} ({message.location.get('url')})")
+
+    def response(self, response) -> None:
+        if response.status >= 400:
+            self.seen.append(f"{response.status}: {response.url}")
+
+    def take(self) -> list[str]:
+        seen, self.seen = self.seen, []
+        return seen
+
+
+# --- the booking calendar ---------------------------------------------------------------------
+
+
+def tomorrow_at(hour: int) -> datetime:
+    day = (timezone.now() + timedelta(days=1)).date()
+    return datetime.combine(day, time(hour), tzinfo=UTC)
+
+
+def first_day(page: Page):
+    """The date of the first day the calendar shows, as its column header says ("2030-01-07")."""
+    return page.locator(".ec-header .ec-col-head time").first
+
+
+def open_tomorrow(page: Page) -> None:
+    """Go to tomorrow (the day view shows it and the day after) and wait until it is drawn and its
+    bookings are loaded."""
+    page.get_by_role("button", name="Next day").click()
+    expect(first_day(page)).to_have_attribute("datetime", f"{tomorrow_at(0):%Y-%m-%d}")
+    expect(page.locator("#calendar")).to_have_attribute("aria-busy", "false")
+
+
+def block(page: Page, reservation):
+    """Someone else's booking, drawn as a light block (not a calendar event)."""
+    return page.locator(f'.run-blocks .block[data-reservation-id="{reservation.pk}"]')
