@@ -1,10 +1,11 @@
 """Sending nodes their lease snapshots over Celery: after commit, coalesced, expiring.
 
 A change to a node's bookings schedules one push of its *whole* state once the transaction
-commits (reservations/receivers.py, on ``reservation_changed``). Bursts coalesce: the first change sets a short-lived "push pending" mark in Redis
-and queues the push a moment later; the changes that follow while the mark is set ride on
-that same push, because the task clears the mark *before* it reads the database. Beat
-re-pushes every node each minute, so a push lost to a Redis outage is repaired soon after.
+commits (reservations/receivers.py, on ``reservation_changed``). Bursts coalesce: the first change
+sets a short-lived "push pending" mark in Redis and queues the push a moment later; the changes that
+follow while the mark is set ride on that same push, because the task clears the mark *before* it
+reads the database. Beat re-pushes every node each minute, so a push lost to a Redis outage is
+repaired soon after.
 """
 
 from __future__ import annotations
