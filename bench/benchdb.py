@@ -179,9 +179,15 @@ def copy_reservations(cursor: psycopg.Cursor[Any], rows: Sequence[BookingRow]) -
     ) as copy:
         for pk, (user_id, node_id, _gpu, start, end, status, purpose, created_at) in zip(ids, rows, strict=True):
             copy.write_row((pk, user_id, node_id, start, end, purpose, status, created_at, "", ""))
-    with cursor.copy('COPY reservations_allocation (reservation_id, gpu_id, start, "end", active) FROM STDIN') as copy:
+    from nodes.models import WHOLE_CARD
+
+    # Whole cards (the bench lab has no MIG slices): the card is the GPU, the placement all of it.
+    with cursor.copy(
+        'COPY reservations_allocation (reservation_id, gpu_id, card_id, placement_start, placement_end, start, "end", '
+        "active) FROM STDIN"
+    ) as copy:
         for pk, (_user, _node, gpu_id, start, end, *_rest) in zip(ids, rows, strict=True):
-            copy.write_row((pk, gpu_id, start, end, True))
+            copy.write_row((pk, gpu_id, gpu_id, 0, WHOLE_CARD, start, end, True))
     return ids
 
 

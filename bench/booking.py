@@ -273,9 +273,11 @@ RAW_RESERVATION_SQL = """
     VALUES (%s, %s, %s, %s, '', 'approved', now(), %s, '', '')
     RETURNING id
 """
+# A whole card, as the service writes it: the card is the GPU, placement [0, nodes.models.WHOLE_CARD).
 RAW_ALLOCATION_SQL = """
-    INSERT INTO reservations_allocation (reservation_id, gpu_id, start, "end", active)
-    VALUES (%s, %s, %s, %s, true)
+    INSERT INTO reservations_allocation (reservation_id, gpu_id, card_id, placement_start, placement_end, start, "end",
+                                         active)
+    VALUES (%s, %s, %s, 0, 64, %s, %s, true)
 """
 
 
@@ -291,7 +293,7 @@ def raw_run(url: str, lanes: list[Lane], seconds: float) -> RunResult:
             cursor.execute(RAW_RESERVATION_SQL, [user_id, lane.node_id, start, end, user_id])
             row = cursor.fetchone()
             assert row is not None
-            cursor.execute(RAW_ALLOCATION_SQL, [row[0], gpu_id, start, end])
+            cursor.execute(RAW_ALLOCATION_SQL, [row[0], gpu_id, gpu_id, start, end])
         conn.commit()
 
     def finish(conn: psycopg.Connection[Any] | None) -> None:

@@ -58,7 +58,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def load_fleet(node_count: int, now: datetime) -> None:
-    from nodes.models import AgentState, Gpu, GpuTelemetry, Node
+    from nodes.models import WHOLE_CARD, AgentState, Gpu, GpuTelemetry, Node
     from reservations.models import Allocation, Reservation
 
     reset_lab()
@@ -114,7 +114,16 @@ def load_fleet(node_count: int, now: datetime) -> None:
         for i, (node_id, _gpu, start, end) in enumerate(slots)
     )
     Allocation.objects.bulk_create(
-        Allocation(reservation=reservation, gpu_id=gpu_id, start=start, end=end)
+        # Whole cards: the card is the GPU, the placement all of it.
+        Allocation(
+            reservation=reservation,
+            gpu_id=gpu_id,
+            card_id=gpu_id,
+            placement_start=0,
+            placement_end=WHOLE_CARD,
+            start=start,
+            end=end,
+        )
         for reservation, (_node, gpu_id, start, end) in zip(reservations, slots, strict=True)
     )
     execute("ANALYZE")

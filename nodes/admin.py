@@ -9,6 +9,7 @@ from django.utils import timezone
 from audit.admin import AuditedAdminMixin
 from nodes.broker_users import BrokerUserError, broker_users_forget
 from nodes.liveness import node_online
+from nodes.mig import mig_layout_confirm
 from nodes.models import AgentState, Gpu, Node, NodeEvent
 from nodes.services import gpu_return_to_service, node_rotate_credentials
 
@@ -77,13 +78,54 @@ class NodeAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 @admin.register(Gpu)
 class GpuAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ("__str__", "model", "memory_mib", "bookable", "drained_at", "uuid")
-    list_filter = ("node", "model", "bookable", ("drained_at", admin.EmptyFieldListFilter))
+    list_display = (
+        "__str__",
+        "model",
+        "memory_mib",
+        "bookable",
+        "mig_mode",
+        "profile",
+        "gone_at",
+        "drained_at",
+        "uuid",
+    )
+    list_filter = (
+        "node",
+        "model",
+        "bookable",
+        "mig_mode",
+        ("parent", admin.EmptyFieldListFilter),
+        ("drained_at", admin.EmptyFieldListFilter),
+    )
     search_fields = ("uuid", "model", "node__name")
     list_select_related = ("node",)
     raw_id_fields = ("parent",)
-    readonly_fields = ("drained_at", "drain_reason")
-    actions = ["return_to_service"]
+    readonly_fields = (
+        "drained_at",
+        "drain_reason",
+        "mig_mode",
+        "profile",
+        "compute_slices",
+        "placement_start",
+        "placement_size",
+        "gone_at",
+    )
+    actions = ["return_to_service", "confirm_mig_layout"]
+
+    @admin.action(
+        description="Confirm the MIG layout the agent reports (its slices become bookable)", permissions=["change"]
+    )
+    def confirm_mig_layout(self, request: HttpRequest, queryset: QuerySet[Gpu]) -> None:
+        for card in queryset.select_related("node"):
+            try:
+                confirmed = mig_layout_confirm(card=card, actor=request.user)
+            except ValueError as refusal:
+                self.message_user(request, str(refusal), messages.ERROR)
+            else:
+                profiles = ", ".join(piece.profile for piece in confirmed)
+                self.message_user(
+                    request, f"{card}: {len(confirmed)} slice(s) bookable ({profiles}).", messages.SUCCESS
+                )
 
     @admin.action(description="Return drained GPUs to service", permissions=["change"])
     def return_to_service(self, request: HttpRequest, queryset: QuerySet[Gpu]) -> None:

@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from nodes.history import history_record
 from nodes.liveness import node_online
+from nodes.mig import mig_layout_record
 from nodes.models import AgentState, Gpu, GpuTelemetry, Node, NodeEvent
 from nodes.services import gpu_drain
 from nodes.signals import node_back_online, node_events_recorded, node_reported, telemetry_received
@@ -82,7 +83,10 @@ def agent_heartbeat_record(*, node: Node, data: dict[str, Any], now: datetime) -
             "clock_skew_seconds": (data["sent_at"] - now).total_seconds(),
         },
     )
-    cards_changed = _came_back(node, previous, now) or (previous is not None and previous.drained != drained)
+    layout_changed = "mig" in data and mig_layout_record(node=node, cards=data["mig"], known=known, now=now)
+    cards_changed = (
+        _came_back(node, previous, now) or (previous is not None and previous.drained != drained) or layout_changed
+    )
     node_reported.send(sender=Node, node=node, now=now, cards_changed=cards_changed)
     return state, ignored
 

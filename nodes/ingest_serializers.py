@@ -16,6 +16,46 @@ USER_MAX_LENGTH = protocol.TEXT_LIMITS["user"]
 # do not know max_length there: those lines carry a `type: ignore[call-arg]`.
 
 
+# Placements and slice counts beyond any card's (8 memory slices, 7 compute slices on today's MIG cards).
+MAX_CARD_SLICES = 64
+
+
+class MigSliceSerializer(serializers.Serializer):
+    uuid = serializers.RegexField(r"\AMIG-[0-9a-fA-F-]{8,64}\Z", max_length=80)
+    profile = serializers.RegexField(r"\A[0-9a-z.+]{1,40}\Z", help_text="As nvidia-smi names it: 3g.40gb.")
+    gpu_instance_id = serializers.IntegerField(min_value=0, max_value=1000)
+    compute_instance_id = serializers.IntegerField(min_value=0, max_value=1000)
+    placement_start = serializers.IntegerField(min_value=0, max_value=MAX_CARD_SLICES - 1)
+    placement_size = serializers.IntegerField(min_value=1, max_value=MAX_CARD_SLICES)
+    compute_slices = serializers.IntegerField(min_value=1, max_value=MAX_CARD_SLICES)
+    memory_mib = serializers.IntegerField(min_value=0, max_value=2**31, allow_null=True)
+
+
+class MigCardSerializer(serializers.Serializer):
+    uuid = serializers.RegexField(r"\AGPU-[0-9a-fA-F-]{8,64}\Z", max_length=80)
+    mode_current = serializers.BooleanField()
+    mode_pending = serializers.BooleanField()
+    placement_slots = serializers.IntegerField(min_value=1, max_value=MAX_CARD_SLICES)
+    compute_slices = serializers.IntegerField(min_value=1, max_value=MAX_CARD_SLICES)
+    slices = MigSliceSerializer(many=True, max_length=MAX_CARD_SLICES)  # type: ignore[call-arg]
+
+    def validate(self, data: dict) -> dict:
+        """A layout a card can have: slices inside its placement range, none overlapping another's GPU
+        instance, each at most the card's compute slices. Anything else is refused whole."""
+        taken: dict[tuple[int, int], int] = {}
+        for piece in data["slices"]:
+            low, high = piece["placement_start"], piece["placement_start"] + piece["placement_size"]
+            if high > data["placement_slots"] or piece["compute_slices"] > data["compute_slices"]:
+                raise serializers.ValidationError(f"Slice {piece['uuid']} does not fit its card.")
+            for (other_low, other_high), gpu_instance in taken.items():
+                if low < other_high and other_low < high and gpu_instance != piece["gpu_instance_id"]:
+                    raise serializers.ValidationError(f"Slice {piece['uuid']} overlaps another GPU instance.")
+            taken[(low, high)] = piece["gpu_instance_id"]
+        if len({piece["uuid"] for piece in data["slices"]}) != len(data["slices"]):
+            raise serializers.ValidationError("A slice UUID appears twice.")
+        return data
+
+
 class HeartbeatSerializer(serializers.Serializer):
     sent_at = AwareDateTimeField()
     agent_version = serializers.CharField(max_length=40)
@@ -29,6 +69,9 @@ class HeartbeatSerializer(serializers.Serializer):
         help_text="GPU UUID -> users with an ACL on its device file.",
     )
     drained = serializers.ListField(child=serializers.CharField(max_length=80), required=False, max_length=MAX_GPUS)
+    mig = MigCardSerializer(  # type: ignore[call-arg]
+        many=True, required=False, max_length=MAX_GPUS, help_text="The MIG-capable cards: mode and slices."
+    )
 
     def validate_acls(self, value: dict) -> dict:
         if len(value) > MAX_GPUS:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import secrets
+from fractions import Fraction
 
 from django.core.validators import RegexValidator
 from django.db import models
@@ -72,8 +73,19 @@ class Gpu(models.Model):
     # drained Slurm node it takes no new bookings until an admin returns it to service.
     drained_at = models.DateTimeField(null=True, blank=True, editable=False)
     drain_reason = models.CharField(max_length=500, blank=True, editable=False)
-    # Room for MIG: a slice points at the physical GPU it belongs to.
+    # A MIG slice points at the card it is carved from (docs/booking-rules.md, "MIG slices"); a card has none.
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="slices")
+    # Cards: whether MIG is on (current and pending modes both, as the agent reports), and how many
+    # compute slices the card has in MIG mode (7 on A100/H100): a slice's share of the card is its own
+    # compute slices over these. Slices: the profile (e.g. "3g.40gb"), their compute slices, and their
+    # GPU instance's placement in the card's memory slices, where no two slices of one card overlap.
+    mig_mode = models.BooleanField("MIG mode", default=False, editable=False)
+    profile = models.CharField(max_length=40, blank=True, editable=False, help_text="MIG profile, e.g. 3g.40gb.")
+    compute_slices = models.PositiveSmallIntegerField(default=1, editable=False)
+    placement_start = models.PositiveSmallIntegerField(default=0, editable=False)
+    placement_size = models.PositiveSmallIntegerField(default=1, editable=False)
+    # A slice its agent no longer reports (the layout changed): kept for the bookings that name it, not bookable.
+    gone_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["node__name", "index"]
@@ -87,11 +99,40 @@ class Gpu(models.Model):
         verbose_name = "GPU"
 
     def __str__(self) -> str:
+        if self.parent_id is not None:
+            return f"{self.node.name}/GPU {self.index} slice {self.profile}@{self.placement_start}"
         return f"{self.node.name}/GPU {self.index}"
 
     @property
     def memory_gb(self) -> int:
         return mib_to_gb(self.memory_mib)
+
+    @property
+    def is_slice(self) -> bool:
+        return self.parent_id is not None
+
+    @property
+    def card_id(self) -> int:
+        """The physical card: a slice's parent, or the GPU itself."""
+        return self.parent_id if self.parent_id is not None else self.pk
+
+    @property
+    def placement(self) -> tuple[int, int]:
+        """The part of its card this unit occupies, as a half-open range of memory slices. A whole card
+        spans them all (and more: WHOLE_CARD), so it overlaps every slice of it, whatever the layout."""
+        if self.parent_id is None:
+            return (0, WHOLE_CARD)
+        return (self.placement_start, self.placement_start + self.placement_size)
+
+    def share_of(self, card: Gpu | None) -> Fraction:
+        """What this unit counts as in limits and reports: 1 for a card, compute slices over the card's
+        for a slice (a 3g.40gb of a 7-slice card is 3/7). ``card`` is the parent, given by the caller
+        that has it at hand."""
+        if self.parent_id is None:
+            return Fraction(1)
+        if card is None or card.pk != self.parent_id:
+            raise ValueError(f"{self} needs its card to tell its share")
+        return Fraction(self.compute_slices, max(card.compute_slices, self.compute_slices))
 
     @property
     def is_bookable(self) -> bool:
@@ -117,6 +158,9 @@ def cuda_visible_devices(gpus: list[Gpu]) -> str:
 
 
 BOOKABLE_GPUS = models.Q(bookable=True, drained_at__isnull=True)
+
+# Beyond any card's memory slices (8 on today's MIG cards): the placement a whole-card booking covers.
+WHOLE_CARD = 64
 
 
 class AgentState(models.Model):

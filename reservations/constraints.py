@@ -11,13 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.postgres.constraints import ExclusionConstraint
-from django.contrib.postgres.fields import DateTimeRangeField
+from django.contrib.postgres.fields import DateTimeRangeField, IntegerRangeField
 from django.db.models import Func
 
 
 class TsTzRange(Func):
     function = "TSTZRANGE"
     output_field = DateTimeRangeField()
+
+
+class Int4Range(Func):
+    function = "INT4RANGE"
+    output_field = IntegerRangeField()
 
 
 class PostgresExclusionConstraint(ExclusionConstraint):

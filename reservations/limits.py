@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 from django.conf import settings
@@ -50,11 +51,19 @@ class EffectiveLimits:
 
 
 class Period(NamedTuple):
-    """GPUs held (or asked for) over [start, end)."""
+    """GPUs held (or asked for) over [start, end). A MIG slice counts as its share of a card, so ``gpus``
+    is a Fraction: exact, so that seven 1/7 slices make one GPU and not a hair more."""
 
     start: datetime
     end: datetime
-    gpus: int
+    gpus: Fraction | int
+
+
+def format_gpus(gpus: Fraction | int) -> str:
+    """A count of GPUs as people read it: 2, or 0.43 for 3/7 of a card."""
+    if Fraction(gpus).denominator == 1:
+        return str(int(gpus))
+    return f"{float(gpus):.2f}".rstrip("0")
 
 
 def effective_limits(user: Any) -> EffectiveLimits:
@@ -142,10 +151,11 @@ def check_limits(
         peak = peak_gpus(held, asked.start, asked.end)
         if peak + asked.gpus > limits.max_gpus_at_once:
             raise LimitExceeded(
-                f"GPUs at once: {peak} held + {asked.gpus} asked > {limits.max_gpus_at_once} allowed",
+                f"GPUs at once: {format_gpus(peak)} held + {format_gpus(asked.gpus)} asked > "
+                f"{limits.max_gpus_at_once} allowed",
                 limit="max_gpus_at_once",
-                used=peak,
-                asked=asked.gpus,
+                used=gpus_number(peak),
+                asked=gpus_number(asked.gpus),
                 allowed=limits.max_gpus_at_once,
             )
     if limits.weekly_gpu_hours is not None:
@@ -162,16 +172,22 @@ def check_limits(
             )
 
 
-def peak_gpus(held: Iterable[Period], start: datetime, end: datetime) -> int:
+def gpus_number(gpus: Fraction | int) -> int | float:
+    """A count of GPUs for JSON: an int when whole, else rounded to three places."""
+    return int(gpus) if Fraction(gpus).denominator == 1 else round(float(gpus), 3)
+
+
+def peak_gpus(held: Iterable[Period], start: datetime, end: datetime) -> Fraction | int:
     """The most GPUs held at any one moment within [start, end)."""
-    events: list[tuple[datetime, int]] = []
+    events: list[tuple[datetime, Fraction | int]] = []
     for period in held:
         lo, hi = max(period.start, start), min(period.end, end)
         if lo < hi:
             events += [(lo, period.gpus), (hi, -period.gpus)]
     # Ends sort before starts at the same instant: back-to-back slots do not add up.
     events.sort(key=lambda event: (event[0], event[1]))
-    peak = current = 0
+    peak: Fraction | int = 0
+    current: Fraction | int = 0
     for _, change in events:
         current += change
         peak = max(peak, current)
@@ -183,7 +199,7 @@ def _gpu_seconds(periods: Iterable[Period], start: datetime, end: datetime) -> f
     for period in periods:
         overlap = (min(period.end, end) - max(period.start, start)).total_seconds()
         if overlap > 0:
-            total += overlap * period.gpus
+            total += overlap * float(period.gpus)
     return total
 
 

@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 from accounts.http import AuthenticatedRequest
 from accounts.serializers import MeSerializer
 from kernel.api_schema import READ_ERRORS
-from reservations.limits import WEEK, Period, busiest_week, effective_limits, peak_gpus
+from reservations.limits import WEEK, Period, busiest_week, effective_limits, gpus_number, peak_gpus
 from reservations.selectors import held_periods
 
 
@@ -40,7 +40,7 @@ class MeView(APIView):
             "requires_approval": limits.requires_approval,
             "gpus_at_once": {
                 "allowed": _number(limits.max_gpus_at_once),
-                "used": peak_gpus(held, now, now + timedelta(seconds=1)),
+                "used": gpus_number(peak_gpus(held, now, now + timedelta(seconds=1))),
             },
             "weekly_gpu_hours": {
                 "allowed": _number(limits.weekly_gpu_hours),

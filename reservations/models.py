@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import RangeBoundary, RangeOperators
@@ -11,7 +12,7 @@ from django.utils import timezone
 
 from kernel.fields import moment_problem
 from nodes.models import Gpu, Node
-from reservations.constraints import PostgresExclusionConstraint, TsTzRange
+from reservations.constraints import Int4Range, PostgresExclusionConstraint, TsTzRange
 
 
 class Reservation(models.Model):
@@ -26,7 +27,9 @@ class Reservation(models.Model):
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="reservations")
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="reservations")
-    gpus = models.ManyToManyField(Gpu, through="Allocation", related_name="reservations")
+    gpus = models.ManyToManyField(
+        Gpu, through="Allocation", through_fields=("reservation", "gpu"), related_name="reservations"
+    )
     start = models.DateTimeField()
     end = models.DateTimeField()
     purpose = models.TextField(blank=True)
@@ -84,14 +87,22 @@ class Reservation(models.Model):
 
 
 class Allocation(models.Model):
-    """One booked GPU of a reservation, with its period.
+    """One booked unit (a card or a MIG slice) of a reservation, with its period.
 
     ``active`` is true while the reservation is live (pending or approved); only active rows take
     part in the no-overlap rule, so a rejected or cancelled booking frees its slot but stays on record.
+
+    ``card`` and the placement range say which part of which physical card the row occupies: a slice
+    its GPU instance's memory slices, a whole card all of them (nodes.models.WHOLE_CARD). They are the
+    GPU's, copied here so that the database can refuse a booking of a card over one of its slices,
+    and the other way round, in one constraint.
     """
 
     reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="allocations")
     gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    card = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="card_allocations", editable=False)
+    placement_start = models.PositiveSmallIntegerField(editable=False)
+    placement_end = models.PositiveSmallIntegerField(editable=False)
     start = models.DateTimeField()
     end = models.DateTimeField()
     active = models.BooleanField(default=True)
@@ -100,12 +111,18 @@ class Allocation(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["reservation", "gpu"], name="allocation_unique_gpu_per_reservation"),
             models.CheckConstraint(condition=Q(end__gt=F("start")), name="allocation_end_after_start"),
-            # The wall: on PostgreSQL no two active allocations of one GPU can overlap, whatever
-            # the code does. Half-open [start, end) ranges, so back-to-back slots are fine.
+            models.CheckConstraint(
+                condition=Q(placement_end__gt=F("placement_start")), name="allocation_placement_not_empty"
+            ),
+            # The wall: on PostgreSQL no two active allocations of one card can overlap in both its
+            # placement (which slices) and time, whatever the code does: a GPU with itself, a slice with
+            # its card, two slices whose GPU instances share memory slices. Half-open ranges, so
+            # back-to-back slots and neighbouring slices are fine.
             PostgresExclusionConstraint(
-                name="allocation_no_overlap",
+                name="allocation_no_overlap_on_card",
                 expressions=[
-                    ("gpu", RangeOperators.EQUAL),
+                    ("card", RangeOperators.EQUAL),
+                    (Int4Range("placement_start", "placement_end", RangeBoundary()), RangeOperators.OVERLAPS),
                     (TsTzRange("start", "end", RangeBoundary()), RangeOperators.OVERLAPS),
                 ],
                 condition=Q(active=True),
@@ -117,6 +134,17 @@ class Allocation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu} {self.start:%Y-%m-%d %H:%M}–{self.end:%H:%M}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.card_id is None:
+            self.place(self.gpu)
+        super().save(*args, **kwargs)
+
+    def place(self, gpu: Gpu) -> Allocation:
+        """Copy ``gpu``'s card and placement (every writer of allocations calls this, bulk writes too)."""
+        self.card_id = gpu.card_id
+        self.placement_start, self.placement_end = gpu.placement
+        return self
 
 
 class MaintenanceWindow(models.Model):

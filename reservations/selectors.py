@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from fractions import Fraction
 
-from django.db.models import Count, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from accounts.models import User
 from nodes.models import BOOKABLE_GPUS, Gpu, Node
@@ -16,22 +17,30 @@ from reservations.models import Allocation, MaintenanceWindow, Reservation
 def allocations_overlapping(
     *, gpus: Sequence[Gpu], start: datetime, end: datetime, exclude_reservation_id: int | None = None
 ) -> QuerySet[Allocation]:
-    """Active allocations of these GPUs that overlap [start, end) — the slots a booking would hit."""
-    qs = Allocation.objects.filter(
-        active=True, gpu__in=[gpu.pk for gpu in gpus], start__lt=end, end__gt=start
-    ).select_related("reservation__user", "gpu__node")
+    """Active allocations that overlap [start, end) on a part of a card these units occupy — the slots a
+    booking would hit: the same GPU, a slice of a card asked for whole, the card of a slice asked for,
+    or another slice sharing its memory slices (the PostgreSQL constraint's rule, asked first)."""
+    same_place = Q(pk__in=[])
+    for gpu in gpus:
+        low, high = gpu.placement
+        same_place |= Q(card_id=gpu.card_id, placement_start__lt=high, placement_end__gt=low)
+    qs = Allocation.objects.filter(same_place, active=True, start__lt=end, end__gt=start).select_related(
+        "reservation__user", "gpu__node"
+    )
     if exclude_reservation_id is not None:
         qs = qs.exclude(reservation_id=exclude_reservation_id)
-    return qs.order_by("start", "gpu__index")
+    return qs.order_by("start", "gpu__index", "placement_start")
 
 
 def maintenance_overlapping(
     *, node: Node, gpus: Sequence[Gpu], start: datetime, end: datetime
 ) -> QuerySet[MaintenanceWindow]:
-    """Maintenance windows of the whole node, or of one of these GPUs, that overlap [start, end)."""
+    """Maintenance windows of the whole node, or of one of these GPUs (a slice's card counts: maintenance
+    of a card stops its slices), that overlap [start, end)."""
+    units = {gpu.pk for gpu in gpus} | {gpu.card_id for gpu in gpus}
     return (
         MaintenanceWindow.objects.filter(node=node, start__lt=end, end__gt=start)
-        .filter(Q(gpu__isnull=True) | Q(gpu__in=[gpu.pk for gpu in gpus]))
+        .filter(Q(gpu__isnull=True) | Q(gpu__in=units))
         .select_related("node", "gpu__node")
         .order_by("start")
     )
@@ -40,12 +49,20 @@ def maintenance_overlapping(
 def held_periods(
     *, user: User, start: datetime, end: datetime, exclude_reservation_id: int | None = None
 ) -> list[Period]:
-    """The user's live bookings overlapping [start, end), one Period per reservation."""
+    """The user's live bookings overlapping [start, end), one Period per reservation, counting each
+    unit by its share of a card (a 3g.40gb slice of a 7-slice card is 3/7 GPU)."""
     qs = Allocation.objects.filter(active=True, reservation__user=user, start__lt=end, end__gt=start)
     if exclude_reservation_id is not None:
         qs = qs.exclude(reservation_id=exclude_reservation_id)
-    rows = qs.values("reservation_id", "start", "end").annotate(gpus=Count("id")).order_by()
-    return [Period(row["start"], row["end"], row["gpus"]) for row in rows]
+    rows = qs.values_list(
+        "reservation_id", "start", "end", "gpu__parent_id", "gpu__compute_slices", "gpu__parent__compute_slices"
+    ).order_by()
+    held: dict[tuple[int, datetime, datetime], Fraction] = {}
+    for reservation_id, row_start, row_end, parent_id, slices, card_slices in rows:
+        share = Fraction(1) if parent_id is None else Fraction(slices, max(card_slices, slices))
+        key = (reservation_id, row_start, row_end)
+        held[key] = held.get(key, Fraction(0)) + share
+    return [Period(row_start, row_end, gpus) for (_, row_start, row_end), gpus in held.items()]
 
 
 def reservation_for_update(reservation_id: int) -> Reservation:

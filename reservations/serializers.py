@@ -191,11 +191,31 @@ class GpuSerializer(serializers.ModelSerializer):
     node = serializers.CharField(source="node.name", read_only=True)
     current = serializers.SerializerMethodField(help_text="Who holds it now, and until when.")
     next = serializers.SerializerMethodField(help_text="The next booking.")
+    profile = serializers.CharField(read_only=True, help_text='A MIG slice\'s profile, e.g. "3g.40gb"; "" for a card.')
+    mig_mode = serializers.BooleanField(
+        read_only=True, help_text="A card in MIG mode is booked as its slices (booking the card books them all)."
+    )
 
     class Meta:
         model = Gpu
-        fields = ("id", "node", "index", "uuid", "model", "memory_mib", "bookable", "drained_at", "current", "next")
+        fields = (
+            "id",
+            "node",
+            "index",
+            "uuid",
+            "model",
+            "memory_mib",
+            "bookable",
+            "drained_at",
+            "parent",
+            "profile",
+            "mig_mode",
+            "current",
+            "next",
+        )
         read_only_fields = fields
+        # Declared here, not as a field attribute: "parent" is also every serializer field's own attribute.
+        extra_kwargs = {"parent": {"help_text": "For a MIG slice, the id of its card; null for a card."}}
 
     @staticmethod
     def _slot(obj: Gpu, prefix: str) -> dict[str, Any] | None:

@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import F
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from accounts.models import User
@@ -91,7 +93,7 @@ def reservation_create(
             check_limits(
                 limits=limits,
                 slot=(start, end),
-                asked=Period(start, end, len(booked_gpus)),
+                asked=Period(start, end, _share(booked_gpus)),
                 held=_held(limits, user=user, start=start, end=end),
                 now=now,
             )
@@ -242,7 +244,7 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
             check_limits(
                 limits=limits,
                 slot=(whole_start, new_end),
-                asked=Period(locked.end, new_end, len(gpus)),
+                asked=Period(locked.end, new_end, _share(gpus)),
                 held=_held(limits, user=locked.user, start=locked.end, end=new_end),
                 now=now,
             )
@@ -354,11 +356,28 @@ def _gpu_ids(gpus: Sequence[Gpu | int]) -> list[int]:
 
 
 def _load_gpus(gpu_ids: list[int]) -> list[Gpu]:
-    found = list(Gpu.objects.select_related("node").filter(pk__in=gpu_ids).order_by("node__name", "index"))
+    """The units to book, in order: a card in MIG mode stands for all its slices (booking the card is
+    booking every slice of it), and a unit asked for twice (a card and one of its slices) is booked once."""
+    found = list(Gpu.objects.select_related("node", "parent").filter(pk__in=gpu_ids))
     missing = sorted(set(gpu_ids) - {gpu.pk for gpu in found})
     if missing:
         raise InvalidBooking(f"No GPU with id {', '.join(map(str, missing))}.", field="gpus", missing=missing)
-    return found
+    units: dict[int, Gpu] = {}
+    for gpu in found:
+        if gpu.parent_id is None and gpu.mig_mode:
+            slices = list(
+                gpu.slices.filter(gone_at__isnull=True).select_related("node", "parent").order_by("placement_start")
+            )
+            if not slices:
+                raise InvalidBooking(
+                    f"{gpu} is in MIG mode and has no slices the portal knows yet: book it once its agent has "
+                    "reported its layout and an admin has confirmed it.",
+                    field="gpus",
+                )
+            units |= {unit.pk: unit for unit in slices}
+        else:
+            units[gpu.pk] = gpu
+    return sorted(units.values(), key=lambda unit: (unit.node.name, unit.index, unit.placement_start, unit.pk))
 
 
 def _bookable_node(gpus: list[Gpu]) -> Node:
@@ -369,10 +388,18 @@ def _bookable_node(gpus: list[Gpu]) -> Node:
     node = gpus[0].node
     if not node.is_bookable:
         raise InvalidBooking(f"Node {node.name} is {node.get_status_display().lower()} and takes no bookings.")
-    unbookable = [str(gpu) for gpu in gpus if not gpu.is_bookable]
+    unbookable = [str(gpu) for gpu in gpus if not _unit_bookable(gpu)]
     if unbookable:
         raise InvalidBooking(f"{', '.join(unbookable)} cannot be booked right now.", field="gpus")
     return node
+
+
+def _unit_bookable(gpu: Gpu) -> bool:
+    """A card as it says; a slice only while its card is in MIG mode and bookable too (a drained card
+    drains its slices). A slice is bookable once an admin has confirmed the layout it belongs to."""
+    if gpu.parent is None:
+        return gpu.is_bookable
+    return gpu.is_bookable and gpu.parent.mig_mode and gpu.parent.is_bookable
 
 
 def _check_slot_free(
@@ -428,6 +455,11 @@ def _conflict(clashes: list[Allocation]) -> SlotConflict:
             for a in clashes
         ],
     )
+
+
+def _share(gpus: list[Gpu]) -> Fraction:
+    """How many GPUs these units make, a slice counting as its share of its card."""
+    return sum((gpu.share_of(gpu.parent) for gpu in gpus), Fraction(0))
 
 
 def _held(limits: EffectiveLimits, *, user: User, start: datetime, end: datetime) -> list[Period]:
@@ -602,13 +634,18 @@ def _merged_meanwhile(reservation_id: int) -> InvalidState:
 
 
 def _lock_booking_rows(*, user_id: int, gpu_ids: list[int]) -> None:
-    """Lock the booking user, then the GPUs in id order (always this order: no deadlocks)."""
+    """Lock the booking user, then the physical cards of these GPUs in id order (always this order: no
+    deadlocks). Cards, not slices: a booking of a card and one of its slice queue up behind one lock."""
     list(User.objects.select_for_update().filter(pk=user_id).values_list("pk", flat=True))
-    list(Gpu.objects.select_for_update().filter(pk__in=gpu_ids).order_by("pk").values_list("pk", flat=True))
+    cards = Gpu.objects.filter(pk__in=gpu_ids).values_list(Coalesce("parent_id", "id"), flat=True)
+    list(Gpu.objects.select_for_update().filter(pk__in=list(cards)).order_by("pk").values_list("pk", flat=True))
 
 
 def _write_allocations(reservation: Reservation, gpus: list[Gpu]) -> None:
-    rows = [Allocation(reservation=reservation, gpu=gpu, start=reservation.start, end=reservation.end) for gpu in gpus]
+    rows = [
+        Allocation(reservation=reservation, gpu=gpu, start=reservation.start, end=reservation.end).place(gpu)
+        for gpu in gpus
+    ]
     _guarded_by_constraint(lambda: Allocation.objects.bulk_create(rows), gpus, reservation)
 
 

@@ -70,7 +70,14 @@ EVENT_KINDS = (
 
 
 class Lease(TypedDict):
-    """One booking in a snapshot: who may open which GPUs, from when until when (ISO 8601, with a zone)."""
+    """One booking in a snapshot: who may open which GPUs, from when until when (ISO 8601, with a zone).
+
+    Leases name GPUs by UUID: a whole card (``GPU-…``) or a MIG slice (``MIG-…``). A slice lease opens the
+    parent card's device file and the slice's GPU-instance and compute-instance capability files to the
+    user. When someone books a whole card that is in MIG mode, the portal lists every slice's UUID in the
+    lease; a lease that names a card in MIG mode is equivalent for the agent, which grants the card's device
+    file and the capability files of every slice the card has at that moment.
+    """
 
     reservation: int
     user: str  # the unix username on the node
@@ -90,6 +97,32 @@ class Snapshot(TypedDict):
     signature: NotRequired[str]
 
 
+class MigSlice(TypedDict):
+    """One MIG slice (a compute instance inside a GPU instance) as the agent found it on its card."""
+
+    uuid: str  # "MIG-…", what leases name
+    profile: str  # as nvidia-smi names it: "3g.40gb" (a compute instance smaller than its GPU instance: "1c.3g.40gb")
+    gpu_instance_id: int
+    compute_instance_id: int
+    # Where the GPU instance sits on the card, in the card's memory slices (NVML's GPU-instance placement): two
+    # slices whose ranges [start, start + size) overlap cannot both exist.
+    placement_start: int
+    placement_size: int
+    compute_slices: int  # the 3 of 3g.40gb: this slice's share of the card's compute_slices
+    memory_mib: int | None
+
+
+class MigCard(TypedDict):
+    """A card that supports MIG: its mode and the slices it has now (none while MIG is off)."""
+
+    uuid: str  # the card's "GPU-…" UUID
+    mode_current: bool  # MIG is on now
+    mode_pending: bool  # MIG will be on after the next GPU reset: differs from mode_current while a change waits
+    placement_slots: int  # memory slices of the card (8 on A100/H100): the range placements lie in
+    compute_slices: int  # compute slices of the card (7 on A100/H100)
+    slices: list[MigSlice]
+
+
 class Heartbeat(TypedDict):
     """What the agent says every HEARTBEAT_SECONDS: who it is, what it enforces, what it has drained."""
 
@@ -99,8 +132,13 @@ class Heartbeat(TypedDict):
     driver_version: str | None
     hostname: str
     applied_version: int  # the version of the snapshot it enforces, 0 for none
-    acls: dict[str, list[str]]  # GPU UUID -> users with an ACL on its device file
+    # GPU or MIG UUID -> users it is open to: every file the UUID needs carries their ACL entry (a card's device
+    # file; a slice's capability files, and its card's device file while the card's MIG mode allows it).
+    acls: dict[str, list[str]]
     drained: NotRequired[list[str]]  # GPUs whose leftover processes could not be ended
+    # Only the cards that support MIG, every heartbeat (the portal keeps slice rows up to date from it); left
+    # out by agents older than MIG support, and a node without such cards sends an empty list.
+    mig: NotRequired[list[MigCard]]
 
 
 class HeartbeatReply(TypedDict):
@@ -202,11 +240,12 @@ def heartbeat(
     applied_version: int,
     acls: Mapping[str, Iterable[str]],
     drained: Iterable[str] | None = None,
+    mig: Iterable[MigCard] | None = None,
     sent_at: datetime | None = None,
 ) -> Heartbeat:
     """A heartbeat from this host, sent now unless ``sent_at`` says otherwise. ``drained`` is left out
     when not given (the self-check, which has no enforcer's memory to read it from); the portal takes
-    a heartbeat without it as draining nothing."""
+    a heartbeat without it as draining nothing. ``mig`` (see ``mig_card``) is left out when not given."""
     body: Heartbeat = {
         "sent_at": timestamp(sent_at),
         "agent_version": AGENT_VERSION,
@@ -218,7 +257,52 @@ def heartbeat(
     }
     if drained is not None:
         body["drained"] = sorted(drained)
+    if mig is not None:
+        body["mig"] = list(mig)
     return body
+
+
+def mig_slice(
+    *,
+    uuid: str,
+    profile: str,
+    gpu_instance_id: int,
+    compute_instance_id: int,
+    placement_start: int,
+    placement_size: int,
+    compute_slices: int,
+    memory_mib: int | None,
+) -> MigSlice:
+    return {
+        "uuid": uuid,
+        "profile": profile,
+        "gpu_instance_id": gpu_instance_id,
+        "compute_instance_id": compute_instance_id,
+        "placement_start": placement_start,
+        "placement_size": placement_size,
+        "compute_slices": compute_slices,
+        "memory_mib": memory_mib,
+    }
+
+
+def mig_card(
+    *,
+    uuid: str,
+    mode_current: bool,
+    mode_pending: bool,
+    placement_slots: int,
+    compute_slices: int,
+    slices: Iterable[MigSlice],
+) -> MigCard:
+    """One card's entry in the heartbeat's ``mig``; its slices ordered by placement, as on the card."""
+    return {
+        "uuid": uuid,
+        "mode_current": mode_current,
+        "mode_pending": mode_pending,
+        "placement_slots": placement_slots,
+        "compute_slices": compute_slices,
+        "slices": sorted(slices, key=lambda s: (s["placement_start"], s["gpu_instance_id"], s["compute_instance_id"])),
+    }
 
 
 def telemetry(gpus: list[GpuReading], *, sent_at: datetime | None = None) -> Telemetry:

@@ -76,7 +76,7 @@ def book_densely(holders, gpus, start: datetime, days: int = 7) -> list[Reservat
         for n, slot in enumerate(slots)
     )
     Allocation.objects.bulk_create(
-        Allocation(reservation=booking, gpu=gpu, start=booking.start, end=booking.end)
+        Allocation(reservation=booking, gpu=gpu, start=booking.start, end=booking.end).place(gpu)
         for booking, gpu in zip(made, [gpu for gpu in gpus for _ in slots], strict=True)
     )
     return made

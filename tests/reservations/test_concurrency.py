@@ -21,6 +21,7 @@ from reservations.exceptions import SlotConflict
 from reservations.models import Allocation, Reservation
 from reservations.timegrid import floor_to_grid
 from tests.factories import UserFactory
+from tests.reservations.test_mig import carve
 
 pytestmark = [
     pytest.mark.postgres_only,
@@ -31,7 +32,8 @@ ATTEMPTS = 32
 
 
 def _race(users, gpu, base) -> Counter:
-    """Each user tries to book an overlapping period of ``gpu`` at the same instant."""
+    """Each user tries to book an overlapping period of ``gpu`` at the same instant (``gpu`` may also be
+    a function of the attempt's number, giving the unit it books)."""
     barrier = threading.Barrier(len(users))
     outcomes: Counter = Counter()
     lock = threading.Lock()
@@ -41,7 +43,8 @@ def _race(users, gpu, base) -> Counter:
             barrier.wait()
             # Staggered but overlapping: every pair of periods overlaps.
             start = base + timedelta(minutes=15 * (i % 4))
-            services.reservation_create(user=user, gpus=[gpu], start=start, end=start + timedelta(hours=2))
+            unit = gpu(i) if callable(gpu) else gpu
+            services.reservation_create(user=user, gpus=[unit], start=start, end=start + timedelta(hours=2))
             result = "booked"
         except SlotConflict:
             result = "conflict"
@@ -121,3 +124,15 @@ def test_the_constraint_refuses_an_overlap_written_around_the_service(alice, gpu
         user=alice, node=reservation.node, start=base, end=base + timedelta(hours=1), status="cancelled"
     )
     Allocation.objects.create(reservation=other, gpu=gpus[0], start=base, end=base + timedelta(hours=1), active=False)
+
+
+def test_exactly_one_of_32_simultaneous_bookings_of_a_card_and_its_slice_wins(racers, gpus, base):
+    """Half the racers book a MIG card whole, half one of its slices: every pair conflicts across levels."""
+    card = gpus[1]
+    pieces = carve(card)
+    outcomes = _race(racers, lambda i: card if i % 2 else pieces[0], base)
+
+    assert outcomes == Counter({"booked": 1, "conflict": ATTEMPTS - 1})
+    assert Reservation.objects.count() == 1
+    booked = set(Reservation.objects.get().allocations.values_list("gpu", flat=True))
+    assert booked in ({pieces[0].pk}, {piece.pk for piece in pieces})  # the slice, or the card as all its slices

@@ -1,0 +1,136 @@
+"""MIG layouts from the agents' heartbeats (issue 18): slices become GPU rows under their card, bookable
+only once an admin confirms the layout; vanished slices leave booking; a node reports only its own."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.sites import site
+from django.contrib.messages.storage.fallback import FallbackStorage
+from django.test import RequestFactory
+
+from audit.models import AuditEntry
+from gpubook_agent import protocol
+from nodes.admin import GpuAdmin
+from nodes.mig import mig_layout_confirm
+from nodes.models import Gpu
+from tests.factories import node_with_gpus
+from tests.nodes.test_agent_reports import HEARTBEAT, agent_client, heartbeat
+
+
+def slice_(n: int, profile: str, start: int, size: int, compute: int) -> protocol.MigSlice:
+    return protocol.mig_slice(
+        uuid=f"MIG-{n:08x}-1111-2222-3333-444444444444",
+        profile=profile,
+        gpu_instance_id=n + 1,
+        compute_instance_id=0,
+        placement_start=start,
+        placement_size=size,
+        compute_slices=compute,
+        memory_mib=size * 10240,
+    )
+
+
+A = slice_(1, "3g.40gb", 0, 4, 3)
+B = slice_(2, "2g.20gb", 4, 2, 2)
+C = slice_(3, "2g.20gb", 6, 2, 2)
+
+
+def layout(card: Gpu, *slices: protocol.MigSlice, current: bool = True, pending: bool = True) -> protocol.MigCard:
+    return protocol.mig_card(
+        uuid=card.uuid, mode_current=current, mode_pending=pending, placement_slots=8, compute_slices=7, slices=slices
+    )
+
+
+@pytest.fixture
+def report(node):
+    client = agent_client(node)
+
+    def send(*cards: protocol.MigCard) -> dict:
+        response = client.post(HEARTBEAT, heartbeat(mig=list(cards)), format="json")
+        assert response.status_code == 200, response.json()
+        return response.json()
+
+    return send
+
+
+def test_a_reported_layout_makes_slices_that_wait_for_an_admin(report, gpus, carol):
+    report(layout(gpus[0], A, B, C))
+    card = Gpu.objects.get(pk=gpus[0].pk)
+    slices = list(card.slices.order_by("placement_start"))
+    assert card.mig_mode and card.compute_slices == 7
+    assert [(s.profile, s.placement_start, s.placement_size, s.bookable) for s in slices] == [
+        ("3g.40gb", 0, 4, False),
+        ("2g.20gb", 4, 2, False),
+        ("2g.20gb", 6, 2, False),
+    ]
+    assert {s.node_id for s in slices} == {card.node_id} and {s.index for s in slices} == {card.index}
+
+    confirmed = mig_layout_confirm(card=card, actor=carol)
+    assert [s.uuid for s in confirmed] == [A["uuid"], B["uuid"], C["uuid"]]
+    assert all(s.bookable for s in card.slices.all())
+    assert AuditEntry.objects.filter(action="gpu.mig_layout_confirm").exists()
+
+
+def test_the_same_layout_again_writes_nothing_and_a_change_waits_for_the_admin_again(report, gpus, carol):
+    report(layout(gpus[0], A, B, C))
+    mig_layout_confirm(card=Gpu.objects.get(pk=gpus[0].pk), actor=carol)
+    before = list(Gpu.objects.order_by("pk").values())
+    report(layout(gpus[0], A, B, C))
+    assert list(Gpu.objects.order_by("pk").values()) == before
+
+    report(layout(gpus[0], A, B))  # C destroyed on the node
+    gone = Gpu.objects.get(uuid=C["uuid"])
+    assert gone.gone_at is not None and not gone.bookable
+    assert Gpu.objects.get(uuid=A["uuid"]).bookable  # the others as they were
+
+    report(layout(gpus[0], A, B, C))  # back: a layout to confirm again
+    back = Gpu.objects.get(uuid=C["uuid"])
+    assert back.gone_at is None and not back.bookable
+
+
+def test_a_pending_mode_change_takes_the_card_out_of_mig_mode(report, gpus):
+    report(layout(gpus[0], A, current=True, pending=False))
+    assert not Gpu.objects.get(pk=gpus[0].pk).mig_mode
+    with pytest.raises(ValueError, match="not in MIG mode"):
+        mig_layout_confirm(card=Gpu.objects.get(pk=gpus[0].pk), actor=None)
+
+
+def test_a_node_cannot_report_slices_for_another_nodes_card_or_take_its_slices(report, gpus, db):
+    other = node_with_gpus(1, name="gpu-4090")
+    foreign_card = other.gpus.get()
+    report(layout(foreign_card, A))
+    assert not Gpu.objects.filter(uuid=A["uuid"]).exists()
+
+    Gpu.objects.create(
+        node=other, parent=foreign_card, index=0, uuid=B["uuid"], model="x", memory_mib=1, profile="2g.20gb"
+    )
+    report(layout(gpus[0], B))
+    assert Gpu.objects.get(uuid=B["uuid"]).parent == foreign_card
+
+
+@pytest.mark.parametrize(
+    ("slices", "words"),
+    [
+        ((A, slice_(9, "3g.40gb", 2, 4, 3)), "overlaps another GPU instance"),
+        ((slice_(9, "1g.10gb", 7, 2, 1),), "does not fit its card"),
+        ((A, A), "appears twice"),
+    ],
+)
+def test_an_impossible_layout_is_refused_whole(node, gpus, slices, words):
+    response = agent_client(node).post(HEARTBEAT, heartbeat(mig=[layout(gpus[0], *slices)]), format="json")
+    assert response.status_code == 400
+    assert words in str(response.json())
+    assert not Gpu.objects.filter(parent__isnull=False).exists()
+
+
+def test_the_admin_action_confirms_and_says_why_not(report, gpus, carol):
+    report(layout(gpus[0], A, B))
+    request = RequestFactory().post("/admin/nodes/gpu/")
+    request.user = carol
+    request.session = {}
+    request._messages = FallbackStorage(request)
+    GpuAdmin(Gpu, site).confirm_mig_layout(request, Gpu.objects.filter(pk__in=[gpus[0].pk, gpus[1].pk]))
+    said = [str(message) for message in request._messages]
+    assert any("2 slice(s) bookable (3g.40gb, 2g.20gb)" in line for line in said)
+    assert any("not in MIG mode" in line for line in said)
+    assert all(s.bookable for s in Gpu.objects.get(pk=gpus[0].pk).slices.all())
