@@ -20,6 +20,7 @@ figure is one aggregate query whatever the period's length (bench/reports.py tim
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -98,6 +99,16 @@ class Report:
         return total
 
 
+# A unit's share of a card, as grouping columns: a card has no parent (share 1); a MIG slice counts its
+# compute slices over its card's (a 3g.40gb of a 7-slice card is 3/7 GPU).
+SHARE = {"unit_slices": F("gpu__compute_slices"), "card_slices": F("gpu__parent__compute_slices")}
+
+
+def _share(item: Mapping[str, Any]) -> float:
+    card_slices = item["card_slices"]
+    return 1.0 if card_slices is None else item["unit_slices"] / max(card_slices, item["unit_slices"])
+
+
 def _hours(value: timedelta | None) -> float:
     return value.total_seconds() / 3600 if value else 0.0
 
@@ -132,18 +143,18 @@ def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: d
     for item in (
         allocations.values(key=F(_ALLOCATION_KEY[by]))
         .annotate(
-            booked=Sum(overlap),
-            bookings=Count("reservation", distinct=True),
-            released=Count("reservation", distinct=True, filter=released),
+            bookings=Count("reservation", distinct=True), released=Count("reservation", distinct=True, filter=released)
         )
         .order_by()
     ):
         target = row(item["key"])
-        target.booked_gpu_hours, target.bookings = _hours(item["booked"]), item["bookings"]
-        target.released_early = item["released"]
+        target.bookings, target.released_early = item["bookings"], item["released"]
+    # GPU-hours count a MIG slice by its share of its card: grouped by share too, weighted here.
+    for booked in allocations.values(key=F(_ALLOCATION_KEY[by]), **SHARE).annotate(booked=Sum(overlap)).order_by():
+        row(booked["key"]).booked_gpu_hours += _hours(booked["booked"]) * _share(booked)
 
-    for used_item in usage.values(key=F(_USAGE_KEY[by])).annotate(used=Sum("used_minutes")).order_by():
-        row(used_item["key"]).used_gpu_hours = (used_item["used"] or 0) / 60
+    for used_item in usage.values(key=F(_USAGE_KEY[by]), **SHARE).annotate(used=Sum("used_minutes")).order_by():
+        row(used_item["key"]).used_gpu_hours += (used_item["used"] or 0) / 60 * _share(used_item)
 
     reported = UsageHour.objects.filter(reservation=OuterRef("reservation"), minutes_reported__gt=0)
     used = UsageHour.objects.filter(reservation=OuterRef("reservation"), used_minutes__gt=0)
@@ -152,13 +163,11 @@ def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: d
         .filter(Exists(reported))
         .exclude(Exists(used))
     )
-    for no_show in (
-        no_shows.values(key=F(_ALLOCATION_KEY[by]))
-        .annotate(count=Count("reservation", distinct=True), booked=Sum(overlap))
-        .order_by()
-    ):
-        target = row(no_show["key"])
-        target.no_shows, target.no_show_gpu_hours = no_show["count"], _hours(no_show["booked"])
+    no_show_counts = no_shows.values(key=F(_ALLOCATION_KEY[by])).annotate(count=Count("reservation", distinct=True))
+    for no_show in no_show_counts.order_by():
+        row(no_show["key"]).no_shows = no_show["count"]
+    for missed in no_shows.values(key=F(_ALLOCATION_KEY[by]), **SHARE).annotate(booked=Sum(overlap)).order_by():
+        row(missed["key"]).no_show_gpu_hours += _hours(missed["booked"]) * _share(missed)
 
     _label(rows, by)
     ordered = sorted(rows.values(), key=lambda r: (-r.booked_gpu_hours, r.label))
@@ -175,8 +184,10 @@ def _label(rows: dict[int | None, ReportRow], by: str) -> None:
         names = dict(Node.objects.filter(pk__in=keys).values_list("pk", "name"))
     else:
         names = {
-            pk: f"{node}/GPU {index}"
-            for pk, node, index in Gpu.objects.filter(pk__in=keys).values_list("pk", "node__name", "index")
+            pk: f"{node}/GPU {index}" + (f" {profile}@{placement}" if profile else "")
+            for pk, node, index, profile, placement in Gpu.objects.filter(pk__in=keys).values_list(
+                "pk", "node__name", "index", "profile", "placement_start"
+            )
         }
     for key, row in rows.items():
         fallback = "(no group)" if by == "group" and key is None else f"#{key}"
@@ -214,14 +225,14 @@ def demand_by_hour_of_week(*, start: datetime, end: datetime, viewer: Any, zone:
             minute=ExtractMinute(first, tzinfo=tz),
             length=ExpressionWrapper(Least(F("end"), Value(end)) - first, output_field=DurationField()),
         )
-        .values("weekday", "hour", "minute", "length")
+        .values("weekday", "hour", "minute", "length", **SHARE)
         .annotate(count=Count("id"))
         .order_by()
     )
-    steps = [0] * (QUARTERS_PER_WEEK + 1)
-    whole_weeks = 0
+    steps = [0.0] * (QUARTERS_PER_WEEK + 1)
+    whole_weeks = 0.0
     for group in groups:
-        count = group["count"]
+        count = group["count"] * _share(group)  # GPUs: a MIG slice as its share of a card
         offset = ((group["weekday"] - 1) * 24 + group["hour"]) * 3600 + group["minute"] * 60
         weeks, rest = divmod(group["length"].total_seconds(), WEEK_SECONDS)
         whole_weeks += int(weeks) * count
@@ -234,7 +245,7 @@ def demand_by_hour_of_week(*, start: datetime, end: datetime, viewer: Any, zone:
             steps[0] += count
             steps[stop - QUARTERS_PER_WEEK] -= count
     per_hour = [[0.0] * 24 for _ in range(7)]
-    running = 0
+    running = 0.0
     for slot in range(QUARTERS_PER_WEEK):
         running += steps[slot]
         day, hour = divmod(slot // 4, 24)

@@ -143,7 +143,7 @@ def render_gpus(gpus: list[dict[str, Any]]) -> None:
         (
             gpu["id"],
             gpu["node"],
-            gpu["index"],
+            f"{gpu['index']} {gpu['profile']}" if gpu.get("profile") else gpu["index"],
             gpu["model"],
             f"{gpu['memory_mib'] / 1024:.0f} GiB",
             "yes" if gpu["bookable"] else "no",
@@ -248,18 +248,17 @@ def cmd_gpus(client: Client, args: argparse.Namespace) -> Any:
 
 
 def cmd_available(client: Client, args: argparse.Namespace) -> Any:
-    return find_windows(client, args.gpus, args.hours, args.node, args.min_memory_gb, args.after)
+    return find_windows(client, args)
 
 
-def find_windows(
-    client: Client, gpus: int, hours: float, node: str | None, min_memory_gb: int | None, after: datetime | None
-) -> list[dict[str, Any]]:
+def find_windows(client: Client, args: argparse.Namespace) -> list[dict[str, Any]]:
     params = {
-        "gpus": gpus,
-        "hours": f"{hours:g}",
-        "node": node,
-        "min_memory_gb": min_memory_gb,
-        "after": iso(after) if after else None,
+        "gpus": args.gpus,
+        "hours": f"{args.hours:g}",
+        "node": args.node,
+        "min_memory_gb": args.min_memory_gb,
+        "after": iso(args.after) if args.after else None,
+        "profile": args.profile,
     }
     return client.get_all("availability/", params)
 
@@ -270,17 +269,21 @@ def cmd_book(client: Client, args: argparse.Namespace) -> Any:
     else:
         end = args.end or add_hours(args.start, args.hours)
         target = {"gpus": args.gpu_ids} if args.gpu_ids else {"node": args.node, "gpu_count": args.count}
+        if args.profile:
+            target["profile"] = args.profile
         body = {**target, "start": iso(args.start), "end": iso(end)}
     return client.post("reservations/", {**body, "purpose": args.purpose})
 
 
 def earliest_booking(client: Client, args: argparse.Namespace) -> dict[str, Any]:
-    windows = find_windows(client, args.gpus, args.hours, args.node, args.min_memory_gb, args.after)
+    windows = find_windows(client, args)
+    units = f"{args.profile} slices" if args.profile else "GPUs"
     if not windows:
         where = f" on {args.node}" if args.node else ""
-        raise ClientError(f"no window with {args.gpus} free GPUs for {args.hours:g} hours{where}.")
+        raise ClientError(f"no window with {args.gpus} free {units} for {args.hours:g} hours{where}.")
     first = windows[0]
-    return {"node": first["node"], "gpu_count": args.gpus, "start": first["start"], "end": first["end"]}
+    body = {"node": first["node"], "gpu_count": args.gpus, "start": first["start"], "end": first["end"]}
+    return body | ({"profile": args.profile} if args.profile else {})
 
 
 def check_book_options(args: argparse.Namespace) -> None:
@@ -297,7 +300,7 @@ def check_book_options(args: argparse.Namespace) -> None:
     if args.count:
         _require(args, mode, node="--node")
     else:
-        _forbid(args, mode, node="--node")
+        _forbid(args, mode, node="--node", profile="--profile (give slice ids)")
 
 
 def _require(args: argparse.Namespace, mode: str, **options: str) -> None:
@@ -395,6 +398,7 @@ def _add_search_options(parser: argparse.ArgumentParser, required: bool) -> None
     parser.add_argument("--node", help="only this node (with --count: the node to book on)")
     parser.add_argument("--min-memory-gb", type=int, metavar="G", help="GPUs with at least this much memory")
     parser.add_argument("--after", type=parse_moment, metavar="TIME", help=f"not before this time ({TIME_EXAMPLE})")
+    parser.add_argument("--profile", metavar="P", help="MIG slices of this profile (e.g. 3g.40gb) instead of GPUs")
 
 
 def _add_available(add: Callable[..., argparse.ArgumentParser]) -> None:

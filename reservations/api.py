@@ -96,7 +96,7 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         if "gpus" in data:
             gpus: list[Any] = data["gpus"]
         else:
-            gpus = _pick_gpus(data["node"], data["gpu_count"], data["start"], data["end"])
+            gpus = _pick_gpus(data["node"], data["gpu_count"], data["start"], data["end"], data.get("profile", ""))
         reservation = services.reservation_create(
             user=request.user, gpus=gpus, start=data["start"], end=data["end"], purpose=data["purpose"]
         )
@@ -189,15 +189,18 @@ def _parse_time(name: str, raw: str) -> Any:
         raise ValidationError({name: exc.detail}) from exc
 
 
-def _pick_gpus(node_name: str, count: int, start: Any, end: Any) -> list[Any]:
+def _pick_gpus(node_name: str, count: int, start: Any, end: Any, profile: str = "") -> list[Any]:
     node = Node.objects.filter(name=node_name).first()
     if node is None:
         raise InvalidBooking(f"No node named {node_name!r}.", field="node")
     # Pick on the grid the service will book on, so the GPUs picked are free for that exact slot.
-    gpus = selectors.free_gpus(node=node, count=count, start=floor_to_grid(start), end=ceil_to_grid(end))
+    gpus = selectors.free_gpus(
+        node=node, count=count, start=floor_to_grid(start), end=ceil_to_grid(end), profile=profile
+    )
     if len(gpus) < count:
+        what = f"{profile} slices" if profile else "GPUs"
         raise SlotConflict(
-            f"Only {len(gpus)} of the {count} GPUs asked are free on {node.name} for that slot.",
+            f"Only {len(gpus)} of the {count} {what} asked are free on {node.name} for that slot.",
             free=[gpu.pk for gpu in gpus],
         )
     return gpus
@@ -220,6 +223,7 @@ class AvailabilityView(APIView):
             after=data.get("after"),
             node_name=data.get("node"),
             min_memory_mib=memory_gb_to_mib(data.get("min_memory_gb")),
+            profile=data.get("profile", ""),
         )
         return Response(AvailabilitySerializer({"results": windows}).data)
 

@@ -1,11 +1,13 @@
-"""Finding the earliest windows where N GPUs of one node are all free for a duration.
+"""Finding the earliest windows where N GPUs (or N MIG slices of one profile) of one node are all free
+for a duration.
 
 For each node, the candidate starts are the search start and every end of a busy period (a live
 allocation or a maintenance window) of that node: a window can only open when something ends.
-At each candidate, the GPUs free over the whole window are counted; the first candidate with
-enough free GPUs is that node's earliest window. The search reaches a day ahead, then a week, then
-the whole horizon, only for nodes still without a window: two queries a step, whatever the number
-of nodes.
+At each candidate, the units free over the whole window are counted (a unit is taken when anything
+overlaps its part of its card: the card itself, a slice of it, or a slice sharing its memory slices);
+the first candidate with enough free units is that node's earliest window. The search reaches a day
+ahead, then a week, then the whole horizon, only for nodes still without a window: three queries a
+step, whatever the number of nodes.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from datetime import datetime, timedelta
 
 from django.db.models import Q
 
-from nodes.models import BOOKABLE_GPUS, Gpu, Node
-from reservations.models import Allocation, MaintenanceWindow
+from nodes.models import Gpu, Node
+from reservations.models import MaintenanceWindow
+from reservations.selectors import Place, bookable_units, is_free, taken_places
 from reservations.timegrid import ceil_to_grid, floor_to_grid, require_in_calendar
 
 
@@ -37,10 +40,12 @@ def earliest_windows(
     after: datetime | None = None,
     node_name: str | None = None,
     min_memory_mib: int | None = None,
+    profile: str = "",
     horizon: timedelta = timedelta(days=60),
     limit: int = 10,
 ) -> list[Window]:
-    """The earliest window on each node that has ``gpu_count`` free GPUs, earliest first."""
+    """The earliest window on each node that has ``gpu_count`` free GPUs (or slices of ``profile``),
+    earliest first."""
     if after is not None:
         # The search adds its horizon and the duration to ``after``: near the year 9999 that
         # overflows. The API's field refuses such a time already; this covers every other caller.
@@ -49,13 +54,14 @@ def earliest_windows(
     if search_from < now:  # the current grid cell counts as now
         search_from = now.replace(microsecond=0)
 
-    gpu_filter = BOOKABLE_GPUS & Q(parent__isnull=True, node__status=Node.Status.ACTIVE)
+    gpu_filter = Q(node__status=Node.Status.ACTIVE)
     if node_name:
         gpu_filter &= Q(node__name=node_name)
     if min_memory_mib is not None:
         gpu_filter &= Q(memory_mib__gte=min_memory_mib)
+    units = bookable_units(profile=profile).filter(gpu_filter).select_related("node")
     gpus_by_node: dict[int, list[Gpu]] = defaultdict(list)
-    for gpu in Gpu.objects.filter(gpu_filter).select_related("node").order_by("node__name", "index"):
+    for gpu in units.order_by("node__name", "index", "placement_start"):
         gpus_by_node[gpu.node_id].append(gpu)
     candidates = {node_id: gpus for node_id, gpus in gpus_by_node.items() if len(gpus) >= gpu_count}
     if not candidates:
@@ -83,20 +89,18 @@ _SEARCH_STEPS = (timedelta(days=1), timedelta(days=7))
 def _search(
     candidates: dict[int, list[Gpu]], gpu_count: int, duration: timedelta, search_from: datetime, search_to: datetime
 ) -> list[Window]:
-    busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)  # by GPU id
+    places = taken_places(node_ids=candidates.keys(), start=search_from, end=search_to)
     node_busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)  # whole-node maintenance
-    for gpu_id, start, end in Allocation.objects.filter(
-        active=True, gpu__node__in=candidates.keys(), start__lt=search_to, end__gt=search_from
-    ).values_list("gpu_id", "start", "end"):
-        busy[gpu_id].append((start, end))
-    for node_id, gpu_id, start, end in MaintenanceWindow.objects.filter(
-        node__in=candidates.keys(), start__lt=search_to, end__gt=search_from
-    ).values_list("node_id", "gpu_id", "start", "end"):
-        (busy[gpu_id] if gpu_id else node_busy[node_id]).append((start, end))
+    for node_id, start, end in MaintenanceWindow.objects.filter(
+        node__in=candidates.keys(), gpu__isnull=True, start__lt=search_to, end__gt=search_from
+    ).values_list("node_id", "start", "end"):
+        node_busy[node_id].append((start, end))
 
     windows = []
     for node_id, gpus in candidates.items():
-        window = _earliest_on_node(gpus, busy, node_busy[node_id], gpu_count, duration, search_from, search_to)
+        cards = {gpu.card_id for gpu in gpus}
+        on_node = [place for place in places if place.card_id in cards]
+        window = _earliest_on_node(gpus, on_node, node_busy[node_id], gpu_count, duration, search_from, search_to)
         if window is not None:
             windows.append(window)
     return windows
@@ -104,19 +108,19 @@ def _search(
 
 def _earliest_on_node(
     gpus: list[Gpu],
-    busy: dict[int, list[tuple[datetime, datetime]]],
+    places: list[Place],
     node_busy: list[tuple[datetime, datetime]],
     gpu_count: int,
     duration: timedelta,
     search_from: datetime,
     search_to: datetime,
 ) -> Window | None:
-    ends = {end for gpu in gpus for _, end in busy.get(gpu.pk, ())} | {end for _, end in node_busy}
+    ends = {place.end for place in places} | {end for _, end in node_busy}
     for start in sorted({search_from} | {e for e in ends if search_from < e < search_to}):
         end = ceil_to_grid(start + duration)
         if end > search_to or any(s < end and e > start for s, e in node_busy):
             continue
-        free = [gpu for gpu in gpus if not any(s < end and e > start for s, e in busy.get(gpu.pk, ()))]
+        free = [gpu for gpu in gpus if is_free(gpu, places, start, end)]
         if len(free) >= gpu_count:
             return Window(node=gpus[0].node, gpus=free[:gpu_count], start=start, end=end)
     return None

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.contrib.postgres.fields import RangeBoundary
 from django.db import connection
-from django.db.models import BooleanField, CharField, ExpressionWrapper, QuerySet
+from django.db.models import BooleanField, CharField, ExpressionWrapper, Q, QuerySet
 from django.db.models.functions import Cast
 from django.urls import reverse
 
@@ -29,31 +29,41 @@ from reservations.permissions import allowed_actions
 
 
 def calendar_resources(*, node: Node | None = None) -> list[dict[str, Any]]:
-    """The rows: one resource per node (all nodes, or ``node``), its GPUs as ``children``. Two queries."""
+    """The rows: one resource per node (all nodes, or ``node``), its GPUs as ``children``, and a MIG card's
+    present slices as the card's ``children`` (booking the card books them all). Two queries."""
     nodes = Node.objects.order_by("name")
-    gpus = Gpu.objects.filter(parent__isnull=True).order_by("node_id", "index")
+    gpus = Gpu.objects.filter(Q(parent__isnull=True) | Q(gone_at__isnull=True, parent__mig_mode=True))
+    gpus = gpus.order_by("node_id", "index", "parent_id", "placement_start")
     if node is not None:
         nodes, gpus = nodes.filter(pk=node.pk), gpus.filter(node=node)
     children: dict[int, list[dict[str, Any]]] = {}
+    slices: dict[int, list[dict[str, Any]]] = {}
     gpus = gpus.annotate(usable=ExpressionWrapper(BOOKABLE_GPUS, output_field=BooleanField()))
-    for pk, node_id, node_name, index, model, memory_mib, usable in gpus.values_list(
-        "pk", "node_id", "node__name", "index", "model", "memory_mib", "usable"
+    for pk, node_id, node_name, index, model, memory_mib, usable, parent_id, profile in gpus.values_list(
+        "pk", "node_id", "node__name", "index", "model", "memory_mib", "usable", "parent_id", "profile"
     ):
-        label = gpu_label(index, model, memory_mib)
-        children.setdefault(node_id, []).append(
-            {
-                "id": f"gpu-{pk}",
-                "title": label if usable else f"{label} (not bookable)",
-                "extendedProps": {
-                    "kind": "gpu",
-                    "gpu": pk,
-                    "node": node_name,
-                    "index": index,
-                    "label": label,
-                    "bookable": usable,
-                },
-            }
-        )
+        label = gpu_label(index, model, memory_mib) if parent_id is None else f"GPU {index} · {profile}"
+        row: dict[str, Any] = {
+            "id": f"gpu-{pk}",
+            "title": label if usable else f"{label} (not bookable)",
+            "extendedProps": {
+                "kind": "gpu",
+                "gpu": pk,
+                "node": node_name,
+                "index": index,
+                "label": label,
+                "bookable": usable,
+            },
+        }
+        if parent_id is None:
+            children.setdefault(node_id, []).append(row)
+        else:
+            row["extendedProps"]["slice"] = profile
+            slices.setdefault(parent_id, []).append(row)
+    for rows in children.values():
+        for row in rows:
+            if row["extendedProps"]["gpu"] in slices:
+                row["children"] = slices[row["extendedProps"]["gpu"]]
     resources = []
     for pk, name, status in nodes.values_list("pk", "name", "status"):
         active = status == Node.Status.ACTIVE

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from fractions import Fraction
+from typing import NamedTuple
 
-from django.db.models import OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from accounts.models import User
 from nodes.models import BOOKABLE_GPUS, Gpu, Node
 from reservations.limits import Period
 from reservations.models import Allocation, MaintenanceWindow, Reservation
+
+
+class Place(NamedTuple):
+    """A part of a card (memory slices [low, high)) taken over [start, end)."""
+
+    card_id: int
+    low: int
+    high: int
+    start: datetime
+    end: datetime
 
 
 def allocations_overlapping(
@@ -104,19 +115,61 @@ def reservations_actionable(*, user: User) -> QuerySet[Reservation]:
     return qs if user.is_booking_admin else qs.filter(user=user)
 
 
-def free_gpus(*, node: Node, count: int, start: datetime, end: datetime) -> list[Gpu]:
-    """The first ``count`` bookable GPUs of ``node`` (by index) free over [start, end), or fewer."""
-    busy = Allocation.objects.filter(active=True, gpu__node=node, start__lt=end, end__gt=start).values("gpu_id")
-    blocked = MaintenanceWindow.objects.filter(node=node, gpu__isnull=False, start__lt=end, end__gt=start).values(
-        "gpu_id"
+def bookable_units(*, profile: str = "") -> QuerySet[Gpu]:
+    """What takes bookings now: whole cards (``profile`` empty), or the MIG slices of one profile.
+
+    A card in MIG mode is booked as all its slices, so it counts only while every present slice of it is
+    confirmed; a slice only while its card is in MIG mode and itself bookable."""
+    if profile:
+        return Gpu.objects.filter(
+            BOOKABLE_GPUS,
+            profile=profile,
+            gone_at__isnull=True,
+            parent__mig_mode=True,
+            parent__bookable=True,
+            parent__drained_at__isnull=True,
+        )
+    present = Gpu.objects.filter(parent=OuterRef("pk"), gone_at__isnull=True)
+    return Gpu.objects.filter(BOOKABLE_GPUS, parent__isnull=True).exclude(
+        Q(mig_mode=True) & (~Exists(present) | Exists(present.filter(bookable=False)))
     )
-    return list(
-        Gpu.objects.filter(BOOKABLE_GPUS, node=node, parent__isnull=True)
-        .exclude(pk__in=busy)
-        .exclude(pk__in=blocked)
-        .select_related("node")
-        .order_by("index")[:count]
-    )
+
+
+def taken_places(*, node_ids: Iterable[int], start: datetime, end: datetime) -> list[Place]:
+    """What is taken on these nodes' cards over [start, end): live allocations and GPU maintenance, as
+    (card, placement) with their period. A unit is free when no place of its card overlaps its own."""
+    places = [
+        Place(*row)
+        for row in Allocation.objects.filter(
+            active=True, card__node__in=list(node_ids), start__lt=end, end__gt=start
+        ).values_list("card_id", "placement_start", "placement_end", "start", "end")
+    ]
+    windows = MaintenanceWindow.objects.filter(node__in=list(node_ids), gpu__isnull=False, start__lt=end, end__gt=start)
+    for window in windows.select_related("gpu"):
+        if window.gpu is None:  # not asked for (gpu__isnull=False): says so to the type checker
+            continue
+        low, high = window.gpu.placement
+        places.append(Place(window.gpu.card_id, low, high, window.start, window.end))
+    return places
+
+
+def is_free(unit: Gpu, places: Iterable[Place], start: datetime, end: datetime) -> bool:
+    """Whether no taken place of ``unit``'s card overlaps the unit's own placement within [start, end)."""
+    low, high = unit.placement
+    for place in places:
+        same_part = place.card_id == unit.card_id and place.low < high and low < place.high
+        if same_part and place.start < end and start < place.end:
+            return False
+    return True
+
+
+def free_gpus(*, node: Node, count: int, start: datetime, end: datetime, profile: str = "") -> list[Gpu]:
+    """The first ``count`` bookable units of ``node`` (cards, or slices of ``profile``; by index) free over
+    [start, end), or fewer."""
+    places = taken_places(node_ids=[node.pk], start=start, end=end)
+    units = bookable_units(profile=profile).filter(node=node).select_related("node", "parent")
+    free = [unit for unit in units.order_by("index", "placement_start") if is_free(unit, places, start, end)]
+    return free[:count]
 
 
 def gpu_list(

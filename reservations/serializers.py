@@ -26,6 +26,11 @@ class ReservationCreateInput(serializers.Serializer):
     )
     node = serializers.CharField(required=False, max_length=63, help_text="Node name, with gpu_count.")
     gpu_count = serializers.IntegerField(required=False, min_value=1, max_value=64)
+    profile = serializers.RegexField(
+        r"\A[0-9a-z.+]{1,40}\Z",
+        required=False,
+        help_text='With node and gpu_count: that many MIG slices of this profile (e.g. "3g.40gb") instead of cards.',
+    )
     start = AwareDateTimeField()
     end = AwareDateTimeField()
     purpose = serializers.CharField(required=False, allow_blank=True, max_length=500, default="")
@@ -37,6 +42,8 @@ class ReservationCreateInput(serializers.Serializer):
             raise serializers.ValidationError("Give either gpus (GPU ids) or node with gpu_count.")
         if by_count and not ("node" in attrs and "gpu_count" in attrs):
             raise serializers.ValidationError("node and gpu_count go together.")
+        if "profile" in attrs and not by_count:
+            raise serializers.ValidationError({"profile": "profile goes with node and gpu_count, not with gpus."})
         return attrs
 
 
@@ -152,7 +159,12 @@ class ReservationSerializer(serializers.ModelSerializer):
 
 
 class AvailabilityQuery(serializers.Serializer):
-    gpus = serializers.IntegerField(min_value=1, max_value=64)
+    gpus = serializers.IntegerField(min_value=1, max_value=64, help_text="How many GPUs (or slices, with profile).")
+    profile = serializers.RegexField(
+        r"\A[0-9a-z.+]{1,40}\Z",
+        required=False,
+        help_text='MIG slices of this profile (e.g. "3g.40gb") instead of cards.',
+    )
     hours = serializers.FloatField(min_value=0.25, max_value=24 * 60)
     node = serializers.CharField(required=False, max_length=63)
     min_memory_gb = serializers.IntegerField(required=False, min_value=0, max_value=100_000)

@@ -96,3 +96,28 @@ def book(
     finally:
         if required:
             Node.objects.filter(pk=gpus[0].node_id).update(requires_approval=False)
+
+
+# A100-style: 7 compute slices, 8 memory slices; 3g.40gb takes memory slices 0-3, the 2g.20gb 4-5 and 6-7.
+MIG_LAYOUT = (("3g.40gb", 3, 0, 4), ("2g.20gb", 2, 4, 2), ("2g.20gb", 2, 6, 2))
+
+
+def carve_mig(card: Gpu, *, confirmed: bool = True) -> list[Gpu]:
+    """Put ``card`` in MIG mode with MIG_LAYOUT's slices, as its agent's report and an admin's confirmation would."""
+    Gpu.objects.filter(pk=card.pk).update(mig_mode=True, compute_slices=7)
+    card.refresh_from_db()
+    return [
+        GpuFactory(
+            node=card.node,
+            index=card.index,
+            parent=card,
+            uuid=f"MIG-{card.index:02x}{n:06x}-0000-0000-0000-000000000000",
+            memory_mib=20480 * size // 2,
+            profile=profile,
+            compute_slices=compute,
+            placement_start=start,
+            placement_size=size,
+            bookable=confirmed,
+        )
+        for n, (profile, compute, start, size) in enumerate(MIG_LAYOUT)
+    ]

@@ -22,7 +22,7 @@ import pytest
 from accounts.services import api_token_create
 from reservations.models import Reservation
 from reservations.services import reservation_create
-from tests.factories import node_with_gpus
+from tests.factories import carve_mig, node_with_gpus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -397,3 +397,21 @@ def test_the_client_imports_nothing_of_the_project():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True, timeout=60
     )
     assert project.isdisjoint(name.split(".")[0] for name in result.stdout.split())
+
+
+def test_mig_slices_are_listed_found_and_booked_by_profile(cli_for, alice, gpus, start):
+    slices = carve_mig(gpus[0])
+    cli = cli_for(alice)
+    listed = cli("gpus", "--node", "gpu-a100")
+    assert listed.returncode == 0, listed.stderr
+    assert "0 3g.40gb" in listed.stdout and "0 2g.20gb" in listed.stdout
+
+    windows = cli.json("available", "--gpus", 2, "--hours", 1, "--profile", "2g.20gb", "--after", iso(start))
+    assert windows[0]["gpus"] == [slices[1].pk, slices[2].pk]
+
+    booked = cli.json(
+        "book", "--count", 1, "--node", "gpu-a100", "--profile", "3g.40gb", "--start", iso(start), "--hours", 1
+    )
+    assert [gpu["id"] for gpu in booked["gpus"]] == [slices[0].pk]
+    refused = cli("book", "--gpu-ids", str(slices[1].pk), "--profile", "2g.20gb", "--start", iso(start), "--hours", 1)
+    assert refused.returncode != 0 and "--gpu-ids does not take --profile" in refused.stderr

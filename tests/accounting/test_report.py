@@ -13,7 +13,7 @@ from accounting.rollup import rollup, rollup_recent
 from nodes.models import GpuMinute
 from reservations.services import reservation_create, reservation_release
 from tests.conftest import at
-from tests.factories import book
+from tests.factories import book, carve_mig
 
 pytestmark = pytest.mark.usefixtures("clock")
 DAY_START, DAY_END = at(-9), at(15)  # Monday 2030-01-07, 00:00 to 24:00 UTC
@@ -143,3 +143,19 @@ def test_booked_time_counts_only_until_now(day, clock, carol, alice, gpus):
     clock.move_to(at(21))  # half-way through it
     rows = by_label(usage_report(start=DAY_START, end=DAY_END + timedelta(days=1), by="user", viewer=carol))
     assert (rows["alice"]["booked_gpu_hours"], rows["alice"]["bookings"]) == (6.0, 3)
+
+
+def test_a_mig_slice_counts_as_its_share_of_a_card_in_reports_and_demand(alice, carol, gpus):
+    slices = carve_mig(gpus[0])
+    book(alice, [slices[0]], at(1), at(3))  # 3/7 of a card for 2 hours
+    book(alice, [gpus[1]], at(1), at(2))  # a whole card for 1 hour
+    report = usage_report(start=at(0), end=at(24), by="gpu", viewer=carol, now=at(4))
+    booked = {row.label: round(row.booked_gpu_hours, 3) for row in report.rows}
+    assert booked == {"gpu-a100/GPU 0 3g.40gb@0": round(2 * 3 / 7, 3), "gpu-a100/GPU 1": 1.0}
+    by_user = usage_report(start=at(0), end=at(24), by="user", viewer=carol, now=at(4)).rows
+    assert [(row.label, row.bookings, round(row.booked_gpu_hours, 3)) for row in by_user] == [
+        ("alice", 2, round(1 + 2 * 3 / 7, 3))
+    ]
+    demand = demand_by_hour_of_week(start=at(0), end=at(24), viewer=carol, zone="UTC")
+    monday = demand[0]
+    assert (monday[10], monday[11]) == (round(1 + 3 / 7, 2), round(3 / 7, 2))  # MONDAY_9 + 1 h = 10:00

@@ -20,8 +20,7 @@ from reservations import services
 from reservations.exceptions import SlotConflict
 from reservations.models import Allocation, Reservation
 from reservations.timegrid import floor_to_grid
-from tests.factories import UserFactory
-from tests.reservations.test_mig import carve
+from tests.factories import UserFactory, carve_mig
 
 pytestmark = [
     pytest.mark.postgres_only,
@@ -129,7 +128,7 @@ def test_the_constraint_refuses_an_overlap_written_around_the_service(alice, gpu
 def test_exactly_one_of_32_simultaneous_bookings_of_a_card_and_its_slice_wins(racers, gpus, base):
     """Half the racers book a MIG card whole, half one of its slices: every pair conflicts across levels."""
     card = gpus[1]
-    pieces = carve(card)
+    pieces = carve_mig(card)
     outcomes = _race(racers, lambda i: card if i % 2 else pieces[0], base)
 
     assert outcomes == Counter({"booked": 1, "conflict": ATTEMPTS - 1})

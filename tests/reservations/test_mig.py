@@ -10,35 +10,13 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from nodes.models import Gpu
+from reservations.availability import earliest_windows
 from reservations.exceptions import InvalidBooking, LimitExceeded, SlotConflict
 from reservations.models import Allocation, Limit
 from reservations.services import reservation_create
+from tests.api_helpers import client_for
 from tests.conftest import at
-from tests.factories import GpuFactory, book
-
-# A100-style: 7 compute slices, 8 memory slices; 3g.40gb takes memory slices 0-3, the 2g.20gb 4-5 and 6-7.
-LAYOUT = (("3g.40gb", 3, 0, 4), ("2g.20gb", 2, 4, 2), ("2g.20gb", 2, 6, 2))
-
-
-def carve(card: Gpu, *, confirmed: bool = True) -> list[Gpu]:
-    """Put ``card`` in MIG mode with LAYOUT's slices, as its agent's report and an admin's confirmation would."""
-    Gpu.objects.filter(pk=card.pk).update(mig_mode=True, compute_slices=7)
-    card.refresh_from_db()
-    return [
-        GpuFactory(
-            node=card.node,
-            index=card.index,
-            parent=card,
-            uuid=f"MIG-{card.index:02x}{n:06x}-0000-0000-0000-000000000000",
-            memory_mib=20480 * size // 2,
-            profile=profile,
-            compute_slices=compute,
-            placement_start=start,
-            placement_size=size,
-            bookable=confirmed,
-        )
-        for n, (profile, compute, start, size) in enumerate(LAYOUT)
-    ]
+from tests.factories import book, carve_mig
 
 
 @pytest.fixture
@@ -48,7 +26,7 @@ def card(gpus) -> Gpu:
 
 @pytest.fixture
 def slices(card) -> list[Gpu]:
-    return carve(card)
+    return carve_mig(card)
 
 
 def test_a_slice_and_its_neighbours_are_booked_by_different_people_at_once(clock, alice, bob, carol, slices):
@@ -84,18 +62,18 @@ def test_booking_a_card_in_mig_mode_books_every_slice_of_it(clock, alice, card, 
 def test_a_card_booked_whole_before_mig_was_on_still_holds_it_against_slices(clock, alice, bob, gpus):
     card = gpus[1]
     book(alice, [card], at(1), at(3))  # MIG off: booked as one GPU
-    pieces = carve(card)  # then MIG goes on and the layout is confirmed
+    pieces = carve_mig(card)  # then MIG goes on and the layout is confirmed
     with pytest.raises(SlotConflict):
         book(bob, [pieces[0]], at(2), at(3))
 
 
 def test_slices_wait_for_the_admin_and_for_mig_mode(clock, alice, gpus):
-    unconfirmed = carve(gpus[2], confirmed=False)
+    unconfirmed = carve_mig(gpus[2], confirmed=False)
     with pytest.raises(InvalidBooking, match="cannot be booked right now"):
         book(alice, [unconfirmed[0]], at(1), at(2))
     with pytest.raises(InvalidBooking, match="cannot be booked right now"):
         book(alice, [gpus[2]], at(1), at(2))  # the card means its slices, and they wait
-    confirmed = carve(gpus[3])
+    confirmed = carve_mig(gpus[3])
     Gpu.objects.filter(pk=gpus[3].pk).update(mig_mode=False)  # MIG switched off on the node
     with pytest.raises(InvalidBooking, match="cannot be booked right now"):
         book(alice, [confirmed[0]], at(1), at(2))
@@ -143,3 +121,30 @@ def test_the_database_refuses_a_card_over_its_slice_written_around_the_service(c
 def test_reservation_create_takes_slice_ids_like_gpu_ids(clock, alice, slices):
     made = reservation_create(user=alice, gpus=[slices[2].pk], start=at(1), end=at(1) + timedelta(hours=1))
     assert made.allocations.get().gpu == slices[2]
+
+
+def test_the_finder_and_the_api_find_free_slices_of_a_profile(clock, alice, bob, card, slices):
+    book(bob, [slices[1]], at(1), at(3))
+    windows = earliest_windows(gpu_count=1, duration=timedelta(hours=1), now=at(1), profile="2g.20gb")
+    assert [(w.gpus, w.start) for w in windows] == [([slices[2]], at(1))]
+    windows = earliest_windows(gpu_count=2, duration=timedelta(hours=1), now=at(1), profile="2g.20gb")
+    assert [(w.gpus, w.start) for w in windows] == [([slices[1], slices[2]], at(3))]
+    # The card is taken while any slice of it is: whole-card windows on it open when bob's slice ends.
+    cards = earliest_windows(gpu_count=4, duration=timedelta(hours=1), now=at(1), node_name=card.node.name)
+    assert [w.start for w in cards] == [at(3)]
+
+    api = client_for(alice)
+    body = {"node": card.node.name, "gpu_count": 1, "profile": "2g.20gb", "start": at(1), "end": at(2)}
+    made = api.post("/api/v1/reservations/", body, format="json")
+    assert made.status_code == 201, made.json()
+    assert [g["id"] for g in made.json()["gpus"]] == [slices[2].pk]
+    again = api.post("/api/v1/reservations/", body, format="json")
+    assert again.status_code == 409
+    assert (
+        again.json()["error"]["message"] == "Only 0 of the 1 2g.20gb slices asked are free on gpu-a100 for that slot."
+    )
+    found = api.get("/api/v1/availability/", {"gpus": 1, "hours": 1, "profile": "3g.40gb"})
+    assert [w["gpus"] for w in found.json()["results"]] == [[slices[0].pk]]
+    listed = {g["id"]: g for g in api.get("/api/v1/gpus/", {"node": card.node.name}).json()["results"]}
+    assert listed[slices[0].pk]["parent"] == card.pk and listed[slices[0].pk]["profile"] == "3g.40gb"
+    assert listed[card.pk]["mig_mode"] is True and listed[card.pk]["parent"] is None
