@@ -193,13 +193,18 @@
   let nodeRowOf = new Map();  // "gpu-12" -> "node-3"
   let rowIds = [];
 
+  /** A node's GPU rows in order, each MIG card followed by its slices (rows under it). */
+  function bookableRows(node) {
+    return (node?.children ?? []).flatMap((gpu) => [gpu, ...(gpu.children ?? [])]);
+  }
+
   function indexResources() {
     gpus = new Map();
     nodeRowOf = new Map();
     rowIds = [];
     for (const node of resources) {
       rowIds.push(node.id);
-      for (const gpu of node.children) {
+      for (const gpu of bookableRows(node)) {
         rowIds.push(gpu.id);
         nodeRowOf.set(gpu.id, node.id);
         gpus.set(gpu.extendedProps.gpu, {...gpu.extendedProps, title: gpu.title});
@@ -520,8 +525,8 @@
 
   function fillGpus(nodeName, checked) {
     const node = resources.find((row) => row.extendedProps.node === nodeName);
-    const items = (node?.children ?? []).map((gpu) => {
-      const label = element('label', 'gpu-choice', '');
+    const items = bookableRows(node).map((gpu) => {
+      const label = element('label', gpu.extendedProps.slice ? 'gpu-choice slice' : 'gpu-choice', '');
       const box = document.createElement('input');
       box.type = 'checkbox';
       box.name = 'gpus';

@@ -8,6 +8,7 @@ before Django is set up, so nothing here imports the portal's apps at import tim
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
@@ -121,3 +122,33 @@ def open_tomorrow(page: Page) -> None:
 def block(page: Page, reservation):
     """Someone else's booking, drawn as a light block (not a calendar event)."""
     return page.locator(f'.run-blocks .block[data-reservation-id="{reservation.pk}"]')
+
+
+def slot_x(page: Page, label: str) -> float:
+    """The left edge of the time column labelled ``label`` (like "10:00") in the header."""
+    slot = page.locator(".ec-header .ec-slot", has_text=re.compile(rf"^{label}$")).first
+    slot.scroll_into_view_if_needed()
+    return slot.bounding_box()["x"]
+
+
+def row_y(page: Page, gpu_index: int, row: str | None = None) -> float:
+    """The middle of a GPU's row: the first whose header starts "GPU <index> ·", or the one whose header
+    matches ``row`` (a regular expression: a MIG slice's row, say "^GPU 0 · 3g\\.40gb$")."""
+    head = page.get_by_role("rowheader", name=re.compile(row or rf"^GPU {gpu_index} ·")).first
+    box = head.bounding_box()
+    return box["y"] + box["height"] / 2
+
+
+def drag(page: Page, gpu_index: int, start: str, end: str, *, backwards: bool = False, row: str | None = None) -> None:
+    """Select start..end on the GPU's row (or the row ``row`` names, see row_y): press at one end, move to
+    the other, release. ``backwards`` starts at the end (so the press lands on free time when the start is
+    booked)."""
+    y = row_y(page, gpu_index, row)
+    x0, x1 = slot_x(page, start) + 2, slot_x(page, end) - 2
+    if backwards:
+        x0, x1 = x1, x0
+    page.mouse.move(x0, y)
+    page.mouse.down()
+    page.mouse.move((x0 + x1) / 2, y, steps=5)
+    page.mouse.move(x1, y, steps=5)
+    page.mouse.up()

@@ -16,37 +16,19 @@ from playwright.sync_api import Page, expect
 from reservations.models import Allocation, Reservation
 from reservations.services import reservation_create
 from reservations.timegrid import ceil_to_grid
-from tests.browser.helpers import block, first_day, log_in, open_tomorrow, save_screenshot, tomorrow_at
+from tests.browser.helpers import (
+    block,
+    drag,
+    first_day,
+    log_in,
+    open_tomorrow,
+    save_screenshot,
+    slot_x,
+    tomorrow_at,
+)
 from tests.factories import book, node_with_gpus
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def slot_x(page: Page, label: str) -> float:
-    """The left edge of the time column labelled ``label`` (like "10:00") in the header."""
-    slot = page.locator(".ec-header .ec-slot", has_text=re.compile(rf"^{label}$")).first
-    slot.scroll_into_view_if_needed()
-    return slot.bounding_box()["x"]
-
-
-def row_y(page: Page, gpu_index: int) -> float:
-    head = page.get_by_role("rowheader", name=re.compile(rf"^GPU {gpu_index} ·"))
-    box = head.bounding_box()
-    return box["y"] + box["height"] / 2
-
-
-def drag(page: Page, gpu_index: int, start: str, end: str, *, backwards: bool = False) -> None:
-    """Select start..end on the GPU's row: press at one end, move to the other, release.
-    ``backwards`` starts at the end (so the press lands on free time when the start is booked)."""
-    y = row_y(page, gpu_index)
-    x0, x1 = slot_x(page, start) + 2, slot_x(page, end) - 2
-    if backwards:
-        x0, x1 = x1, x0
-    page.mouse.move(x0, y)
-    page.mouse.down()
-    page.mouse.move((x0 + x1) / 2, y, steps=5)
-    page.mouse.move(x1, y, steps=5)
-    page.mouse.up()
 
 
 def event(page: Page, reservation: Reservation):

@@ -1,0 +1,53 @@
+"""MIG slices on the calendar (issue 18): a card's slices are rows under it; dragging on a slice books
+that slice; booking the whole card over a booked slice is refused in the dialog, naming the slice."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from reservations.models import Reservation
+from tests.browser.helpers import drag, log_in, open_tomorrow, tomorrow_at
+from tests.factories import book, carve_mig
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_slice_is_a_row_under_its_card_and_dragging_on_it_books_it(page, live_server, alice, gpus, screenshot):
+    slices = carve_mig(gpus[0])
+    log_in(page, live_server, "alice")
+    open_tomorrow(page)
+
+    expect(page.get_by_role("rowheader", name=re.compile(r"^GPU 0 · 3g\.40gb$"))).to_be_visible()
+    expect(page.get_by_role("rowheader", name=re.compile(r"^GPU 0 · 2g\.20gb$"))).to_have_count(2)
+    drag(page, 0, "10:00", "12:00", row=r"^GPU 0 · 3g\.40gb$")
+    dialog = page.locator("#booking-dialog")
+    expect(dialog).to_be_visible()
+    screenshot("slice-dialog")
+    dialog.get_by_role("button", name="Book").click()
+
+    expect(dialog).to_be_hidden()
+    booking = Reservation.objects.get(user=alice)
+    assert (booking.start, booking.end) == (tomorrow_at(10), tomorrow_at(12))
+    assert [a.gpu for a in booking.allocations.all()] == [slices[0]]
+    screenshot("slice-booked")
+
+
+def test_booking_the_card_over_a_booked_slice_is_refused_in_the_dialog(page, live_server, alice, bob, gpus, screenshot):
+    slices = carve_mig(gpus[0])
+    book(bob, [slices[1]], tomorrow_at(10), tomorrow_at(12))
+    log_in(page, live_server, "alice")
+    open_tomorrow(page)
+
+    drag(page, 0, "13:00", "11:00", row=r"GPU 0 · A100")  # from free time back over bob's slice (a toggle heads the row)
+    dialog = page.locator("#booking-dialog")
+    expect(dialog).to_be_visible()
+    dialog.get_by_role("button", name="Book").click()
+
+    error = page.locator("#booking-error")
+    expect(error).to_contain_text(re.compile(r"slice 2g\.20gb@4 is booked .* by bob"))
+    expect(dialog).to_be_visible()
+    screenshot("card-over-slice")
+    assert not Reservation.objects.filter(user=alice).exists()
