@@ -41,7 +41,8 @@ def test_booking_the_card_over_a_booked_slice_is_refused_in_the_dialog(page, liv
     log_in(page, live_server, "alice")
     open_tomorrow(page)
 
-    drag(page, 0, "13:00", "11:00", row=r"GPU 0 · A100")  # from free time back over bob's slice (a toggle heads the row)
+    # From free time back over bob's slice, on the card's row (its name has no ^: a fold toggle heads the row).
+    drag(page, 0, "13:00", "11:00", row=r"GPU 0 · A100")
     dialog = page.locator("#booking-dialog")
     expect(dialog).to_be_visible()
     dialog.get_by_role("button", name="Book").click()
