@@ -23,6 +23,7 @@ class Alert(models.Model):
         IDLE = "idle", "Booked GPU left idle"
         ACCOUNT_REFUSED = "account_refused", "Account refused by a node"
         JOBS_LATE = "jobs_late", "Periodic jobs late"
+        SLICE_GONE = "slice_gone", "Booked MIG slice gone"
 
     kind = models.CharField(max_length=20, choices=Kind.choices)
     # None for an alert about the portal itself (periodic jobs late).

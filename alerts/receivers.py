@@ -24,9 +24,11 @@ from alerts.conditions import (
 )
 from alerts.models import Alert
 from alerts.records import alerts_resolve
+from alerts.slices import alerts_slices_gone
 from nodes.models import Gpu, GpuTelemetry, Node, NodeEvent
 from nodes.signals import (
     gpu_returned,
+    mig_slices_gone,
     node_back_online,
     node_events_recorded,
     node_reported,
@@ -83,3 +85,8 @@ def node_back(sender: type, node: Node, now: datetime, **kwargs: Any) -> None:
 @receiver(gpu_returned.in_transaction)
 def gpu_back_in_service(sender: type, gpu: Gpu, actor: Any, **kwargs: Any) -> None:
     alerts_gpu_returned(gpu=gpu, actor=actor)
+
+
+@receiver(mig_slices_gone.in_transaction)
+def booked_slices_gone(sender: type, node: Node, gpu_ids: list[int], now: datetime, **kwargs: Any) -> None:
+    alerts_slices_gone(node=node, gpu_ids=gpu_ids, now=now)

@@ -6,7 +6,8 @@ reset is coming). A slice the portal has not seen becomes a row under its card, 
 admin confirms the layout (``mig_layout_confirm``, an action in admin): a slice is isolation a person
 relies on, and its layout is the admin's to accept, not the node's to decide. A slice that is no longer
 reported is marked gone (``gone_at``) and taken out of booking; its row stays for the bookings that
-name it. A slice whose profile or placement changed waits for confirmation again.
+name it, which alerts flag and whose holders it tells (``mig_slices_gone``). A slice whose profile or
+placement changed waits for confirmation again.
 
 Rows change only when the layout does: a heartbeat that repeats the layout writes nothing.
 """
@@ -21,6 +22,7 @@ from django.db import transaction
 
 from audit.services import audit_record
 from nodes.models import Gpu, Node
+from nodes.signals import mig_slices_gone
 
 LAYOUT_FIELDS = ("profile", "compute_slices", "placement_start", "placement_size")
 
@@ -72,6 +74,7 @@ def _record_card(node: Node, card: Gpu, reported: dict[str, Any], known: dict[st
     gone = [row.pk for uuid, row in slices.items() if row.gone_at is None and uuid not in _uuids(reported)]
     if gone:
         Gpu.objects.filter(pk__in=gone).update(gone_at=now, bookable=False)
+        mig_slices_gone.send(sender=Gpu, node=node, gpu_ids=gone, now=now)
         changed = True
     return changed
 

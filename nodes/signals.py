@@ -35,3 +35,7 @@ gpu_drained = PhasedSignal("gpu_drained")
 
 # An admin returned a drained GPU to service (sender=Gpu). gpu, actor.
 gpu_returned = PhasedSignal("gpu_returned")
+
+# MIG slices its agent no longer reports were taken out of booking (nodes/mig.py). node, gpu_ids (the
+# slices), now. Bookings that name them are flagged and their holders told (alerts).
+mig_slices_gone = PhasedSignal("mig_slices_gone")

@@ -20,6 +20,8 @@ class Kind(models.TextChoices):
     # Idle booked GPUs (alerts/): the holder is told, and told again if the portal releases the booking.
     IDLE = "alert_idle", "Booked GPUs idle"
     IDLE_RELEASED = "alert_idle_released", "Idle booking released"
+    # A MIG slice a booking names vanished from its node (alerts/): the holder must hear of it.
+    SLICE_GONE = "slice_gone", "Booked MIG slice gone"
 
 
 class MailPreferences(models.Model):

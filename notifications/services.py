@@ -273,6 +273,8 @@ def _obsolete(note: Notification, reservation: Reservation, now: datetime) -> st
         return "the slot ended before the reminder could go"
     if kind == Kind.SLOT_ENDED and reservation.end <= now - timedelta(hours=settings.NOTIFY_ENDED_CATCHUP_HOURS):
         return "too late to matter (NOTIFY_ENDED_CATCHUP_HOURS)"
+    if kind == Kind.SLICE_GONE and (not reservation.is_live or reservation.end <= now):
+        return "the booking is over or cancelled: its vanished slice no longer matters"
     return ""
 
 

@@ -3,16 +3,21 @@ only once an admin confirms the layout; vanished slices leave booking; a node re
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.admin.sites import site
 from django.contrib.messages.storage.fallback import FallbackStorage
 from django.test import RequestFactory
+from django.utils import timezone
 
+from alerts.models import Alert
 from audit.models import AuditEntry
 from gpubook_agent import protocol
 from nodes.admin import GpuAdmin
 from nodes.mig import mig_layout_confirm
 from nodes.models import Gpu
+from notifications.services import outbox_drain
 from tests.factories import node_with_gpus
 from tests.nodes.test_agent_reports import HEARTBEAT, agent_client, heartbeat
 
@@ -134,3 +139,23 @@ def test_the_admin_action_confirms_and_says_why_not(report, gpus, carol):
     assert any("2 slice(s) bookable (3g.40gb, 2g.20gb)" in line for line in said)
     assert any("not in MIG mode" in line for line in said)
     assert all(s.bookable for s in Gpu.objects.get(pk=gpus[0].pk).slices.all())
+
+
+def test_a_booked_slice_that_vanishes_is_flagged_and_its_holder_mailed_once(
+    report, gpus, alice, carol, booked, smtp_server
+):
+    report(layout(gpus[0], A, B, C))
+    card = Gpu.objects.get(pk=gpus[0].pk)
+    mig_layout_confirm(card=card, actor=carol)
+    gone = Gpu.objects.get(uuid=C["uuid"])
+    soon = timezone.now() + timedelta(days=1)
+    reservation = booked(alice, [gone], soon, soon + timedelta(hours=2))
+
+    report(layout(gpus[0], A, B))  # C destroyed on the node
+    report(layout(gpus[0], A, B))  # and reported gone again: nothing new
+    flagged = Alert.objects.get(kind=Alert.Kind.SLICE_GONE)
+    assert (flagged.reservation_id, flagged.gpu_id, flagged.user) == (reservation.pk, gone.pk, alice)
+    outbox_drain()
+    to_alice = [m for m in smtp_server.messages if m["To"] == alice.email]
+    assert [m["Subject"] for m in to_alice] == [f"The MIG slice of your booking #{reservation.pk} on gpu-a100 is gone"]
+    assert "GPU 0 · 2g.20gb" in to_alice[0].get_body(("plain",)).get_content()
