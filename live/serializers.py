@@ -33,6 +33,14 @@ class StatusWindowSerializer(serializers.Serializer):
     reason = serializers.CharField()
 
 
+class StatusSliceSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    profile = serializers.CharField(help_text='The MIG profile, e.g. "3g.40gb".')
+    bookable = serializers.BooleanField()
+    current = HolderSerializer(allow_null=True)
+    next = HolderSerializer(allow_null=True)
+
+
 class StatusGpuSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     index = serializers.IntegerField()
@@ -50,6 +58,11 @@ class StatusGpuSerializer(serializers.Serializer):
     current = HolderSerializer(allow_null=True)
     next = HolderSerializer(allow_null=True)
     telemetry = StatusTelemetrySerializer(allow_null=True, help_text="The latest reading; null before the first.")
+    slices = StatusSliceSerializer(
+        many=True,
+        required=False,
+        help_text="A card in MIG mode: its slices, with their holders (the card is in use while any is held).",
+    )
     history = serializers.ListField(
         child=serializers.ListField(child=serializers.IntegerField(), min_length=2, max_length=2),
         required=False,

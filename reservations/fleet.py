@@ -1,9 +1,9 @@
 """The fleet as it is now: one card per GPU, grouped by node, with its holder and next booking, as the
 status page, the status API, /metrics and the live websocket updates show it (live/status.py sends them).
 
-One builder (``fleet_status``) answers all three, in plain dicts built from three queries whatever
-the fleet's size, because it runs on every telemetry report (a node's cards are rebuilt and
-broadcast each time). What a researcher sees is what an admin sees less the operational details
+One builder (``fleet_status``) answers all three, in plain dicts built from three queries (four with
+MIG cards) whatever the fleet's size, because it runs on every telemetry report (a node's cards are
+rebuilt and broadcast each time). What a researcher sees is what an admin sees less the operational details
 (``ADMIN_ONLY_*``): process ids, drain reasons and the agent's internals.
 
 A GPU's ``state`` is decided here, once, in the order a person needs it:
@@ -151,6 +151,7 @@ def fleet_status(
                 "telemetry": _telemetry(gpu),
             }
         )
+    _add_slices(cards, now=now, card_ids=[gpu.pk for gpu in gpus if gpu.mig_mode])
     if history:
         recent = history_of([card["id"] for node_cards in cards.values() for card in node_cards])
         for node_cards in cards.values():
@@ -172,6 +173,31 @@ def fleet_status(
             }
         )
     return result
+
+
+def _add_slices(cards: dict[int, list[dict[str, Any]]], *, now: datetime, card_ids: list[int]) -> None:
+    """A MIG card's card lists its present slices with their holder and next booking (one more query,
+    only for a fleet with MIG cards), and a free card with a held slice is in use."""
+    if not card_ids:
+        return
+    slices = selectors.gpu_list(now=now).filter(parent_id__in=card_ids, gone_at__isnull=True)
+    by_card: dict[int, list[dict[str, Any]]] = {}
+    for piece in slices.order_by("parent_id", "placement_start"):
+        by_card.setdefault(piece.card_id, []).append(
+            {
+                "id": piece.pk,
+                "profile": piece.profile,
+                "bookable": piece.bookable,
+                "current": _slot(piece, "current"),
+                "next": _slot(piece, "next"),
+            }
+        )
+    for node_cards in cards.values():
+        for card in node_cards:
+            if card["id"] in by_card:
+                card["slices"] = by_card[card["id"]]
+                if card["state"] == "free" and any(piece["current"] for piece in card["slices"]):
+                    card["state"] = "in_use"
 
 
 def for_viewer(nodes: list[dict[str, Any]], *, admin: bool) -> list[dict[str, Any]]:

@@ -234,6 +234,21 @@
       ? `Next: ${gpu.next.user}, ${when(gpu.next.start)} – ${when(gpu.next.end)}`
       : 'Nothing booked next.'));
 
+    if (gpu.slices?.length) {
+      const list = el('ul', 'slices');
+      list.setAttribute('aria-label', `MIG slices of GPU ${gpu.index}`);
+      for (const piece of gpu.slices) {
+        const item = el('li', '', `${piece.profile}: `);
+        if (piece.current) {
+          item.append('held by ', el('strong', '', piece.current.user), ` until ${when(piece.current.end)}`);
+        } else {
+          item.append(piece.bookable ? 'free' : 'waiting for an admin');
+        }
+        list.append(item);
+      }
+      card.append(list);
+    }
+
     if (gpu.state === 'drained') {
       card.append(el('p', 'gpu-note', `Drained: processes could not be ended${gpu.drain_reason ? ` (${gpu.drain_reason})` : ''}. ` +
         'An admin returns it to service.'));

@@ -8,10 +8,12 @@ from decimal import Decimal
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
-from nodes.models import Gpu
+from nodes.models import AgentState, Gpu
 from reservations.availability import earliest_windows
 from reservations.exceptions import InvalidBooking, LimitExceeded, SlotConflict
+from reservations.fleet import fleet_status
 from reservations.models import Allocation, Limit
 from reservations.services import reservation_create
 from tests.api_helpers import client_for
@@ -148,3 +150,18 @@ def test_the_finder_and_the_api_find_free_slices_of_a_profile(clock, alice, bob,
     listed = {g["id"]: g for g in api.get("/api/v1/gpus/", {"node": card.node.name}).json()["results"]}
     assert listed[slices[0].pk]["parent"] == card.pk and listed[slices[0].pk]["profile"] == "3g.40gb"
     assert listed[card.pk]["mig_mode"] is True and listed[card.pk]["parent"] is None
+
+
+def test_the_status_cards_show_a_mig_cards_slices_and_their_holders(clock, alice, card, slices):
+    book(alice, [slices[1]], at(0), at(2))
+    clock.shift(timedelta(minutes=30))
+    AgentState.objects.create(node=card.node, last_seen=timezone.now(), agent_version="0.1.0", backend="simulated")
+    [node] = fleet_status()
+    mig_card = next(gpu for gpu in node["gpus"] if gpu["id"] == card.pk)
+    assert [(s["profile"], s["current"]["user"] if s["current"] else None) for s in mig_card["slices"]] == [
+        ("3g.40gb", None),
+        ("2g.20gb", "alice"),
+        ("2g.20gb", None),
+    ]
+    assert mig_card["current"] is None and mig_card["state"] == "in_use"  # a slice of it is held
+    assert all("slices" not in gpu for gpu in node["gpus"] if gpu["id"] != card.pk)
