@@ -36,6 +36,8 @@ class StatusWindowSerializer(serializers.Serializer):
 class StatusSliceSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     profile = serializers.CharField(help_text='The MIG profile, e.g. "3g.40gb".')
+    placement = serializers.IntegerField(help_text="Where its GPU instance starts, in the card's memory slices.")
+    share = serializers.FloatField(help_text="Its share of the card: compute slices over the card's (3/7 for a 3g).")
     bookable = serializers.BooleanField()
     current = HolderSerializer(allow_null=True)
     next = HolderSerializer(allow_null=True)

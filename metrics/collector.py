@@ -89,7 +89,7 @@ class FleetCollector(Collector):
         fresh_for = timedelta(seconds=settings.AGENT_OFFLINE_AFTER_SECONDS)
         info = _gauge(
             "gpubook_gpu_info",
-            "One per GPU (physical GPUs; MIG slices are not exported yet).",
+            "One per GPU (physical GPUs; MIG slices: gpubook_mig_slice_held_gpus).",
             [*GPU_LABELS[:2], "uuid", "model"],
         )
         state = _gauge(
@@ -100,6 +100,12 @@ class FleetCollector(Collector):
         age = _gauge("gpubook_gpu_reading_age_seconds", "Seconds since the GPU's last telemetry reading.", GPU_LABELS)
         processes = _gauge("gpubook_gpu_processes", "Processes using the GPU at its last reading.", GPU_LABELS)
         readings = {name: _gauge(name, documentation, GPU_LABELS) for name, documentation, _, _ in READINGS}
+        slices = _gauge(
+            "gpubook_mig_slice_held_gpus",
+            "One per MIG slice: its share of its card (compute slices over the card's) while someone holds it, else 0; "
+            "summed, the GPUs held in slices.",
+            [*GPU_LABELS[:2], "slice", "profile", "holder"],
+        )
         drained = 0
         for node in nodes:
             for card in node["gpus"]:
@@ -110,6 +116,10 @@ class FleetCollector(Collector):
                 for name in STATES:
                     state.add_metric([*labels, name], 1 if card["state"] == name else 0)
                 drained += card["drained"]
+                for piece in card.get("slices", ()):
+                    held_by = piece["current"]["user"] if piece["current"] else ""
+                    slice_labels = [node["name"], gpu, str(piece["placement"]), piece["profile"], held_by]
+                    slices.add_metric(slice_labels, piece["share"] if held_by else 0)
                 telemetry = card["telemetry"]
                 at = _moment(telemetry["at"]) if telemetry else None
                 if telemetry is None or at is None:
@@ -126,6 +136,7 @@ class FleetCollector(Collector):
         yield from readings.values()
         yield processes
         yield age
+        yield slices
         yield GaugeMetricFamily(
             "gpubook_gpus_drained", "GPUs drained by their agent, waiting for an admin.", value=drained
         )

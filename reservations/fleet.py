@@ -151,7 +151,7 @@ def fleet_status(
                 "telemetry": _telemetry(gpu),
             }
         )
-    _add_slices(cards, now=now, card_ids=[gpu.pk for gpu in gpus if gpu.mig_mode])
+    _add_slices(cards, now=now, card_slices={gpu.pk: gpu.compute_slices for gpu in gpus if gpu.mig_mode})
     if history:
         recent = history_of([card["id"] for node_cards in cards.values() for card in node_cards])
         for node_cards in cards.values():
@@ -175,18 +175,21 @@ def fleet_status(
     return result
 
 
-def _add_slices(cards: dict[int, list[dict[str, Any]]], *, now: datetime, card_ids: list[int]) -> None:
-    """A MIG card's card lists its present slices with their holder and next booking (one more query,
-    only for a fleet with MIG cards), and a free card with a held slice is in use."""
-    if not card_ids:
+def _add_slices(cards: dict[int, list[dict[str, Any]]], *, now: datetime, card_slices: dict[int, int]) -> None:
+    """A MIG card's card lists its present slices with their holder, next booking and share of the card
+    (one more query, only for a fleet with MIG cards), and a free card with a held slice is in use.
+    ``card_slices``: the MIG cards' compute slices, by id."""
+    if not card_slices:
         return
-    slices = selectors.gpu_list(now=now).filter(parent_id__in=card_ids, gone_at__isnull=True)
+    slices = selectors.gpu_list(now=now).filter(parent_id__in=list(card_slices), gone_at__isnull=True)
     by_card: dict[int, list[dict[str, Any]]] = {}
     for piece in slices.order_by("parent_id", "placement_start"):
         by_card.setdefault(piece.card_id, []).append(
             {
                 "id": piece.pk,
                 "profile": piece.profile,
+                "placement": piece.placement_start,
+                "share": round(piece.compute_slices / max(card_slices[piece.card_id], piece.compute_slices), 4),
                 "bookable": piece.bookable,
                 "current": _slot(piece, "current"),
                 "next": _slot(piece, "next"),

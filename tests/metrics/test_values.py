@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from nodes.models import Gpu
 from reservations.fleet import STATES
 from tests.conftest import at
+from tests.factories import book, carve_mig
 from tests.metrics.conftest import names, value
 
 MIB = 1024 * 1024
@@ -137,3 +139,13 @@ def test_each_periodic_job_has_its_period_its_last_success_age_and_whether_it_is
     # Every entry of the schedule is there.
     for name, entry in app.conf.beat_schedule.items():
         assert value(text, "gpubook_periodic_job_late", job=name, task=entry["task"]) is not None, name
+
+
+def test_a_held_mig_slice_counts_its_share_of_the_card(scrape, alice):
+    pieces = carve_mig(Gpu.objects.get(node__name="gpu-a100", index=3))  # the lab's GPU 3: never read, free
+    book(alice, [pieces[0]], at(1), at(2), direct=True)  # the lab's clock is at 10:30
+    text = scrape()
+    slice_of = {"node": "gpu-a100", "gpu": "3"}
+    held = value(text, "gpubook_mig_slice_held_gpus", **slice_of, slice="0", profile="3g.40gb", holder="alice")
+    free = value(text, "gpubook_mig_slice_held_gpus", **slice_of, slice="4", profile="2g.20gb", holder="")
+    assert (round(held, 4), free) == (round(3 / 7, 4), 0)
