@@ -171,8 +171,9 @@ def alerts_from_events(*, node: Node, events: Iterable[NodeEvent], now: datetime
             alerts_resolve(
                 Subject(Kind.UNKILLABLE, node.pk, event.gpu_id).open_alerts(), now=now, resolution="the GPU was emptied"
             )
-        elif event.kind == NodeEvent.Kind.LEASE_REFUSED and event.reservation_id is not None:
-            # The node will not give this account a GPU (no such account there, or a system one):
+        elif event.kind == NodeEvent.Kind.LEASE_REFUSED and event.reservation_id is not None and event.gpu_id is None:
+            # The node will not give this account a GPU (no such account there, or a system one; a refusal
+            # that names a GPU is about the GPU, a MIG slice whose card's MIG mode is off, not the account):
             # the booking holds its slot but opens nothing, so an admin must fix the binding. Only a
             # refusal of a lease the portal sent this node counts (its booking, its holder's name),
             # so a hostile node cannot open alerts for names nobody booked with.

@@ -66,7 +66,8 @@ class HeartbeatSerializer(serializers.Serializer):
     acls = serializers.DictField(
         child=serializers.ListField(child=serializers.CharField(max_length=USER_MAX_LENGTH), max_length=1000),
         required=False,
-        help_text="GPU UUID -> users with an ACL on its device file.",
+        help_text="GPU or MIG slice UUID -> users with an ACL on every file it needs (a slice: its card's device "
+        "file and its capability files).",
     )
     drained = serializers.ListField(child=serializers.CharField(max_length=80), required=False, max_length=MAX_GPUS)
     mig = MigCardSerializer(  # type: ignore[call-arg]

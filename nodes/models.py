@@ -173,7 +173,9 @@ class AgentState(models.Model):
     driver_version = models.CharField(max_length=40, blank=True)
     reported_hostname = models.CharField(max_length=253, blank=True)
     applied_version = models.PositiveBigIntegerField(default=0)
-    acls = models.JSONField(default=dict, help_text="GPU UUID -> users holding an ACL on its device file.")
+    acls = models.JSONField(
+        default=dict, help_text="GPU or MIG slice UUID -> users holding an ACL on every file it needs."
+    )
     drained = models.JSONField(default=list)
     clock_skew_seconds = models.FloatField(null=True, help_text="Agent clock minus portal clock, at the heartbeat.")
     offline_since = models.DateTimeField(
@@ -267,7 +269,10 @@ class NodeEvent(models.Model):
         UNKILLABLE = "unkillable", "Processes could not be ended"
         DRAIN_CLEARED = "drain_cleared", "GPU emptied after all"
         VIOLATION = "violation", "Use without a booking"
-        LEASE_REFUSED = "lease_refused", "Lease refused: no such ordinary account"
+        LEASE_REFUSED = (
+            "lease_refused",
+            "Lease refused (no such ordinary account, or a MIG slice's card not in MIG mode)",
+        )
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
     gpu = models.ForeignKey(Gpu, on_delete=models.SET_NULL, null=True, blank=True, related_name="events")

@@ -39,9 +39,20 @@ def calendar_resources(*, node: Node | None = None) -> list[dict[str, Any]]:
     children: dict[int, list[dict[str, Any]]] = {}
     slices: dict[int, list[dict[str, Any]]] = {}
     gpus = gpus.annotate(usable=ExpressionWrapper(BOOKABLE_GPUS, output_field=BooleanField()))
-    for pk, node_id, node_name, index, model, memory_mib, usable, parent_id, profile in gpus.values_list(
-        "pk", "node_id", "node__name", "index", "model", "memory_mib", "usable", "parent_id", "profile"
-    ):
+    listed = gpus.values_list(
+        "pk",
+        "node_id",
+        "node__name",
+        "index",
+        "model",
+        "memory_mib",
+        "usable",
+        "parent_id",
+        "profile",
+        "compute_slices",
+        "parent__compute_slices",
+    )
+    for pk, node_id, node_name, index, model, memory_mib, usable, parent_id, profile, units, card_units in listed:
         label = gpu_label(index, model, memory_mib) if parent_id is None else f"GPU {index} · {profile}"
         row: dict[str, Any] = {
             "id": f"gpu-{pk}",
@@ -58,7 +69,8 @@ def calendar_resources(*, node: Node | None = None) -> list[dict[str, Any]]:
         if parent_id is None:
             children.setdefault(node_id, []).append(row)
         else:
-            row["extendedProps"]["slice"] = profile
+            # Its share of the card, for the node's load row ("2.43/4 booked").
+            row["extendedProps"] |= {"slice": profile, "share": round(units / max(card_units or units, units), 4)}
             slices.setdefault(parent_id, []).append(row)
     for rows in children.values():
         for row in rows:

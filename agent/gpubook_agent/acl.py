@@ -53,14 +53,21 @@ def change(path: str, *, revoke: Sequence[str] = (), grant: Sequence[str] = ()) 
     """Remove and add entries in one setfacl call: one process instead of several, and the file
     never shows both the old and the new holder of a hand-over. All or nothing: if any part
     fails (an unknown user), nothing changes, and the caller falls back to one call each."""
+    change_many([path], revoke=revoke, grant=grant)
+
+
+def change_many(paths: Sequence[str], *, revoke: Sequence[str] = (), grant: Sequence[str] = ()) -> None:
+    """``change`` on several files that change alike, in one setfacl call (a MIG slice's device and
+    capability files at its start). All or nothing per file, not across them: after a failure the
+    caller goes file by file (a change already made is made again, harmlessly)."""
     for user in revoke:
         _check_user(user, deleted_ok=True)
     for user in grant:
         _check_user(user, deleted_ok=False)
     args = [arg for user in revoke for arg in ("-x", f"u:{user}")]
     args += [arg for user in grant for arg in ("-m", f"u:{user}:rw")]
-    if args:
-        _setfacl([*args, "--", path], path=path, user=",".join([*revoke, *grant]), action="change")
+    if args and paths:
+        _setfacl([*args, "--", *paths], path=", ".join(paths), user=",".join([*revoke, *grant]), action="change")
 
 
 def granted_users(path: str) -> set[str]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gpubook_agent.gpus import simulated
+from gpubook_agent.gpus import mig, simulated
 from gpubook_agent.protocol import queue_name
 
 DEFAULT_CONFIG_FILE = "/etc/gpubook/agent.conf"
@@ -46,6 +46,12 @@ class AgentConfig:
     simulated_model: str = simulated.MODEL
     simulated_memory_mib: int = simulated.MEMORY_TOTAL_MIB
     simulated_power_w: float = simulated.POWER_LIMIT_W
+    # Simulated cards in MIG mode and their slices ("0:3g.40gb,2g.20gb,2g.20gb;1:7g.80gb"), checked when loaded.
+    simulated_mig: str = ""
+    # Where the driver numbers the MIG capability files, and where those files are (the simulated backend's
+    # stand-ins go under DEVICE_DIR unless these are set).
+    mig_minors_file: str = mig.MIG_MINORS_FILE
+    mig_caps_dir: str = mig.CAPS_DIR
     grace_seconds: float = 30.0
     reconcile_seconds: float = 5.0
     heartbeat_seconds: float = 10.0
@@ -84,13 +90,15 @@ _STRINGS = {
     "BACKEND": "backend",
     "CA_FILE": "ca_file",
     "LOG_LEVEL": "log_level",
+    "MIG_MINORS_FILE": "mig_minors_file",
+    "MIG_CAPS_DIR": "mig_caps_dir",
 }
 _KNOWN = (
     set(_REQUIRED)
     | set(_FLOATS)
     | set(_STRINGS)
     | {"SIMULATED_GPUS", "END_VIOLATIONS", "PROTECTED_USERS", "ALLOW_INSECURE_PORTAL"}
-    | {"SIMULATED_MODEL", "SIMULATED_MEMORY_MIB", "SIMULATED_POWER_W"}
+    | {"SIMULATED_MODEL", "SIMULATED_MEMORY_MIB", "SIMULATED_POWER_W", "SIMULATED_MIG"}
 )
 
 
@@ -186,6 +194,13 @@ def config_from_values(values: Mapping[str, str]) -> AgentConfig:
     if kwargs.get("backend") == "simulated" and "device_dir" not in kwargs:
         # Stand-in device files are plain files: never create them in the real /dev.
         kwargs["device_dir"] = str(Path(str(kwargs.get("state_dir", AgentConfig.state_dir))) / "dev")
+    if kwargs.get("backend") == "simulated":
+        # The stand-in capability files and mig-minors go with the stand-in device files, never into the
+        # driver's /dev/nvidia-caps or /proc.
+        device_dir = Path(str(kwargs["device_dir"]))
+        kwargs.setdefault("mig_caps_dir", str(device_dir / "nvidia-caps"))
+        kwargs.setdefault("mig_minors_file", str(device_dir / "mig-minors"))
+    kwargs.update(_simulated_mig(values, kwargs))
     # Each value was checked above, by key; mypy cannot follow a dict's types key by key.
     return AgentConfig(**kwargs)  # type: ignore[arg-type]
 
@@ -222,6 +237,26 @@ def _simulated_card(values: Mapping[str, str]) -> dict[str, object]:
             )
         card["simulated_power_w"] = power
     return card
+
+
+def _simulated_mig(values: Mapping[str, str], kwargs: Mapping[str, object]) -> dict[str, object]:
+    """SIMULATED_MIG, checked against the simulated cards (their count, A100 placement rules)."""
+    raw = values.get("SIMULATED_MIG", "").strip()
+    if not raw:
+        return {}
+    if kwargs.get("backend", AgentConfig.backend) != "simulated":
+        raise ConfigError("SIMULATED_MIG is for BACKEND=simulated; with NVML the agent reads the real MIG layout")
+    try:
+        layout = simulated.parse_simulated_mig(raw)
+    except ValueError as error:
+        raise ConfigError(f"SIMULATED_MIG: {error}") from None
+    cards = int(str(kwargs.get("simulated_gpus", AgentConfig.simulated_gpus)))
+    beyond = sorted(index for index in layout if index >= cards)
+    if beyond:
+        raise ConfigError(
+            f"SIMULATED_MIG: card {beyond[0]} does not exist: SIMULATED_GPUS is {cards} (cards 0-{cards - 1})"
+        )
+    return {"simulated_mig": raw}
 
 
 def _positive_float(key: str, raw: str) -> float:

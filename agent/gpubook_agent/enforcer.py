@@ -1,12 +1,14 @@
 """Converging the node to its newest lease snapshot, on the agent's own clock.
 
 Level-triggered and fail-closed (docs/architecture.md): at any moment the GPUs' ACLs must be
-exactly what the stored snapshot's leases say for *now*. Two things drive that:
+exactly what the stored snapshot's leases say for *now*. Leases name units, whole cards or MIG
+slices; ACLs are kept per file (access.py): a slice's grant is its card's device file, which its
+card's other slices share, and its own capability files. Two things drive that:
 
 - a timer set for the next boundary (a lease start or end, a cleanup deadline), so a slot
   opens and closes within milliseconds of its time, from the in-memory view of the ACLs;
-- a full reconcile every few seconds, which reads the real ACLs back, repairs any drift and
-  looks for processes that have no business on a GPU.
+- a full reconcile every few seconds, which reads the MIG layout and the real ACLs back, repairs
+  any drift and looks for processes that have no business on a GPU.
 
 Nothing here waits on the portal or the broker: once a snapshot is stored, every end in it
 is enforced even if both are gone. The agent never extends a lease by itself.
@@ -29,7 +31,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gpubook_agent import acl, cleanup, procfs
+from gpubook_agent import acl, cleanup, procfs, protocol
+from gpubook_agent.access import AccessMap
 from gpubook_agent.accounts import CACHE_SECONDS, AccountCheck
 from gpubook_agent.config import AgentConfig
 from gpubook_agent.gpus import GpuBackend
@@ -50,7 +53,7 @@ def utcnow() -> datetime:
 @dataclass(frozen=True)
 class Job:
     """Work for the checker thread: look at who uses each GPU ("check"), or end what an expired
-    holder left on a GPU ("expired")."""
+    holder left on a GPU or MIG slice ("expired")."""
 
     kind: str
     gpu: str = ""
@@ -77,13 +80,18 @@ class Enforcer:
         self.store = store
         self.report = report
         self.clock = clock
-        self.paths = {gpu.uuid: backend.device_path(gpu.uuid) for gpu in backend.gpus()}
+        self.paths = {gpu.uuid: backend.device_path(gpu.uuid) for gpu in backend.gpus()}  # card -> device file
+        self.access = AccessMap.build(self.paths, ())
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._snapshot: Snapshot | None = None
         self._seen_version = 0  # the newest authentic version received, applied or refused
-        self._granted: dict[str, set[str]] = {uuid: set() for uuid in self.paths}
+        # Per unit (card or slice), the users every file of its grant carries; per file, the users with an entry.
+        self._held: dict[str, set[str]] = {uuid: set() for uuid in self.paths}
+        self._files: dict[str, set[str]] = {}
+        self._slice_cards: dict[str, str] = {}  # every slice seen since start -> its card, to name it once gone
+        self._mig_refusals: set[tuple[int, str, str]] = set()  # (reservation, slice, why) reported already
         self._cleanups: dict[tuple[str, str], datetime] = {}  # (gpu, user) -> when to end what is left
         self._cleaning: set[tuple[str, str]] = set()  # handed to the checker, not finished yet
         # Every revocation of the last day, kept on disk: whatever its holder still runs on that GPU
@@ -104,8 +112,31 @@ class Enforcer:
         self.accounts = accounts or AccountCheck(uid_min=self._uid_min, protected=config.protected_users)
         self._refused_leases: set[tuple[int, str]] = set()  # reported already
         self._threads: list[threading.Thread] = []
-        # Changes to different GPUs run side by side; each touches only its own GPU's state.
+        # Changes to different files run side by side; each touches only its own files' state.
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent-acl")
+        self.refresh_layout()
+
+    def refresh_layout(self) -> None:
+        """Read the MIG layout again (cards' modes, their slices): slices are made and destroyed, and modes
+        changed, while the agent runs. Units and files that leave keep their state until it is taken back."""
+        try:
+            cards = self.backend.mig_cards()
+        except Exception:  # a backend failure keeps the last layout: the rest of enforcement goes on
+            log.exception("reading the MIG layout failed; keeping the last one")
+            return
+        access = AccessMap.build(self.paths, cards)
+        for uuid, item in access.slices.items():
+            self._slice_cards[uuid] = item.card
+            self._held.setdefault(uuid, set())
+        for path in access.managed:
+            self._files.setdefault(path, set())
+        for path in [path for path in self._files if path not in access.managed and not os.path.exists(path)]:
+            del self._files[path]  # a capability file removed from disk carries nobody
+        self.access = access
+
+    def mig_layout(self) -> list[protocol.MigCard]:
+        """The MIG cards as last read, for the heartbeat."""
+        return [card.as_dict() for card in self.access.cards.values()]
 
     # -- snapshots --------------------------------------------------------------------------
 
@@ -246,8 +277,10 @@ class Enforcer:
     # -- what should be ---------------------------------------------------------------------
 
     def desired(self, now: datetime) -> dict[str, set[str]]:
-        """For each GPU of this node, the users whose lease covers ``now``."""
-        wanted: dict[str, set[str]] = {uuid: set() for uuid in self.paths}
+        """For each unit of this node (card, MIG slice), the users whose lease covers ``now``. A lease that
+        names a card in MIG mode covers each of its slices too."""
+        access = self.access
+        wanted: dict[str, set[str]] = {uuid: set() for uuid in access.units()}
         snapshot = self._snapshot
         for lease in snapshot.leases if snapshot else ():
             if not lease.active_at(now):
@@ -256,16 +289,65 @@ class Enforcer:
                 # Refusing blocks a grant, never takes one back: NSS answers "no such user" when
                 # its directory is unreachable, and that must not end a running slot's jobs.
                 for uuid in lease.gpus:
-                    if lease.user in self._granted.get(uuid, ()):
-                        wanted[uuid].add(lease.user)
+                    for unit in access.lease_units(uuid):
+                        if lease.user in self._held.get(unit, ()):
+                            wanted[unit].add(lease.user)
                 continue
             for uuid in lease.gpus:
-                if uuid in wanted:
-                    wanted[uuid].add(lease.user)
+                units = access.lease_units(uuid)
+                for unit in units:
+                    wanted[unit].add(lease.user)
+                if units:
+                    self._check_slice(access, lease, uuid)
+                elif uuid in self._slice_cards:
+                    card = self._slice_cards[uuid]
+                    self._refuse_slice(
+                        lease,
+                        uuid,
+                        "gone",
+                        f"MIG slice {uuid} of card {card} is not on the card now (MIG mode is off there, or the "
+                        "slice was destroyed): nothing is opened for it, and the card's device file is not touched",
+                    )
                 elif uuid not in self._unknown_gpus_seen:
                     self._unknown_gpus_seen.add(uuid)
                     self.report("unknown_gpu", gpu=uuid, user=lease.user, reservation=lease.reservation)
         return wanted
+
+    def _check_slice(self, access: AccessMap, lease: Lease, uuid: str) -> None:
+        """Report (once) what keeps a slice lease from opening its slice in full."""
+        item = access.slices.get(uuid)
+        if item is None:
+            return
+        card = access.cards[item.card]
+        if not access.grant_files.get(uuid):
+            self._refuse_slice(
+                lease,
+                uuid,
+                "no capability files",
+                f"MIG slice {uuid} of card {card.uuid}: the mig-minors file does not name its capability files "
+                f"(GPU instance {item.gpu_instance_id}, compute instance {item.compute_instance_id}): nothing is "
+                "opened for it",
+            )
+        elif not card.slices_open:
+            now_on, then_on = ("on" if card.mode_current else "off"), ("on" if card.mode_pending else "off")
+            self._refuse_slice(
+                lease,
+                uuid,
+                "MIG mode change pending",
+                f"MIG slice {uuid} of card {card.uuid}: a MIG mode change is pending on the card (MIG {now_on} now, "
+                f"{then_on} after the next reset), so its device file is not opened for the slice: at the reset it "
+                "would be the whole card. The slice's capability files alone open nothing",
+            )
+
+    def _refuse_slice(self, lease: Lease, uuid: str, why: str, message: str) -> None:
+        key = (lease.reservation, uuid, why)
+        if key in self._mig_refusals:
+            return
+        if len(self._mig_refusals) > 10_000:
+            self._mig_refusals.clear()
+        self._mig_refusals.add(key)
+        log.warning("lease of reservation %d: %s", lease.reservation, message)
+        self.report("lease_refused", gpu=uuid, user=lease.user, reservation=lease.reservation, message=message)
 
     def _lease_refused(self, lease: Lease, *, max_age: float = CACHE_SECONDS) -> bool:
         """Whether this node refuses the lease's account (no such account, a system account, a
@@ -294,69 +376,163 @@ class Enforcer:
     # -- making it so -----------------------------------------------------------------------
 
     def converge(self, now: datetime) -> None:
-        """Apply the difference between the wanted ACLs and the ones in force.
+        """Apply the difference between the wanted ACLs and the ones in force."""
+        self._enforce(self.desired(now), now)
+
+    def _enforce(self, wanted: dict[str, set[str]], now: datetime) -> None:
+        """Bring every file to the users ``wanted`` (unit -> users) puts on it, then report per unit.
 
         Boundaries often fall together (a hand-over is an end and a start; many slots start on
-        the hour), and each setfacl is a process: so each GPU's changes go in one call, and GPUs
-        are changed side by side.
+        the hour), and each setfacl is a process: so files that change alike (a slice's three files
+        at its start) go in one call, a file's revokes and grants in the same one, and calls run
+        side by side.
         """
-        wanted = self.desired(now)
-        changes: list[tuple[str, list[str], list[str]]] = []  # (GPU, revokes, grants)
-        for uuid, users in wanted.items():
-            revokes, grants = sorted(self._granted[uuid] - users), sorted(users - self._granted[uuid])
+        access = self.access
+        wanted_files = access.files_wanted(wanted)
+        # Entries no unit the user holds explains (left from before a restart, added by hand): reported
+        # as revoked from the file's own unit when they go.
+        strays = {
+            (path, user)
+            for path, users in self._files.items()
+            for user in users - wanted_files.get(path, set())
+            if not any(user in self._held.get(unit, ()) for unit in access.units_of_file.get(path, ()))
+        }
+        changes: dict[tuple[tuple[str, ...], tuple[str, ...]], list[str]] = {}
+        for path, users in wanted_files.items():
+            current = self._files.setdefault(path, set())
+            revokes, grants = tuple(sorted(current - users)), tuple(sorted(users - current))
             if revokes or grants:
-                changes.append((uuid, revokes, grants))
-        if len(changes) == 1:
-            self._change(*changes[0], now)
-        elif changes:
+                changes.setdefault((revokes, grants), []).append(path)
+        for path in set(self._files) - set(wanted_files):  # a file no longer in the layout: nobody on it
+            if self._files[path]:
+                changes.setdefault((tuple(sorted(self._files[path])), ()), []).append(path)
+        planned = [(paths, list(revokes), list(grants)) for (revokes, grants), paths in changes.items()]
+        if len(planned) == 1:
+            self._change(*planned[0])
+        elif planned:
 
-            def change(planned: tuple[str, list[str], list[str]]) -> None:
-                self._change(*planned, now)
+            def change(plan: tuple[list[str], list[str], list[str]]) -> None:
+                self._change(*plan)
 
-            list(self._pool.map(change, changes))
+            list(self._pool.map(change, planned))
+        self._settle(wanted, wanted_files, strays, now)
+
+    def _settle(
+        self,
+        wanted: dict[str, set[str]],
+        wanted_files: dict[str, set[str]],
+        strays: set[tuple[str, str]],
+        now: datetime,
+    ) -> None:
+        """Per unit, what the file changes made of it: a user held once every file of its grant carries them,
+        and no longer once none it should lose still does (revocations first, as on one file)."""
+        access = self.access
+        granted: list[tuple[str, str]] = []
+        for unit in sorted(set(self._held) | set(wanted)):
+            held = self._held.setdefault(unit, set())
+            users = wanted.get(unit, set())
+            files = access.reach.get(unit, ())
+            for user in sorted(held - users):
+                if all(user not in self._files.get(path, ()) or user in wanted_files.get(path, ()) for path in files):
+                    held.discard(user)
+                    self._revoked(unit, user, now)
+            for user in sorted(users - held):
+                grant = access.grant_files.get(unit, ())
+                if grant and all(user in self._files.get(path, ()) for path in grant):
+                    granted.append((unit, user))
+        reported: set[tuple[str, str]] = set()
+        for path, user in sorted(strays):
+            owner = access.owner(path)
+            if owner is not None and user not in self._files.get(path, ()) and (owner, user) not in reported:
+                reported.add((owner, user))
+                self._revoked(owner, user, now)
+        for unit, user in granted:
+            self._held[unit].add(user)
+            self._granted_to(unit, user, now)
+
+    def _change(self, paths: list[str], revokes: list[str], grants: list[str]) -> None:
+        """One setfacl for files that change alike; if that fails, file by file, and then one user at a
+        time, revokes first, so a name the node does not know never holds up a revocation."""
+        try:
+            acl.change_many(paths, revoke=revokes, grant=grants)
+        except acl.AclError:
+            for path in paths:
+                self._change_one(path, revokes, grants)
+            return
+        for path in paths:
+            self._files[path] = (self._files.get(path, set()) - set(revokes)) | set(grants)
+
+    def _change_one(self, path: str, revokes: list[str], grants: list[str]) -> None:
+        if len(revokes) + len(grants) > 1:
+            try:
+                acl.change(path, revoke=revokes, grant=grants)
+            except acl.AclError:
+                pass
+            else:
+                self._files[path] = (self._files.get(path, set()) - set(revokes)) | set(grants)
+                return
+        unit = self.access.owner(path) or path
+        for user in revokes:
+            try:
+                acl.revoke(path, user)
+            except acl.AclError as error:
+                self._report_once("revoke_failed", unit, user, str(error))
+            else:
+                self._files.setdefault(path, set()).discard(user)
+        for user in grants:
+            try:
+                acl.grant(path, user)
+            except acl.AclError as error:
+                self._report_once("grant_failed", unit, user, str(error))
+            else:
+                self._files.setdefault(path, set()).add(user)
 
     def revoke_all(self) -> None:
         """On a clean stop: take every grant back. With no agent running nothing would end a slot,
         so a stopped agent leaves the GPUs closed (fail closed); a restart restores what the stored
         snapshot allows within a second."""
         now = self.clock()
-        for uuid, path in self.paths.items():
-            try:
-                users = acl.granted_users(path)
-            except acl.AclError as error:
-                log.error("cannot read %s to revoke it: %s", path, error)
-                continue
-            if users:
-                self._change(uuid, sorted(users), [], now)
+        self._read_files()
+        nobody: dict[str, set[str]] = {uuid: set() for uuid in self.access.units()}
+        self._adopt(nobody)
+        self._enforce(nobody, now)
         self._persist_revocations(now)
 
-    def _change(self, uuid: str, revokes: list[str], grants: list[str], now: datetime) -> None:
-        """One GPU's revokes and grants together; if that fails, one at a time, revokes first, so
-        a name the node does not know never holds up a revocation."""
-        try:
-            acl.change(self.paths[uuid], revoke=revokes, grant=grants)
-        except acl.AclError:
-            for user in revokes:
-                self._revoke(uuid, user, now)
-            for user in grants:
-                self._grant(uuid, user, now)
-            return
-        for user in revokes:
-            self._revoked(uuid, user, now)
-        for user in grants:
-            self._granted_to(uuid, user, now)
-
     def reconcile(self, now: datetime) -> None:
-        """Read the real ACLs back and converge; then have the checker look at who uses each GPU."""
-        for uuid, path in self.paths.items():
-            try:
-                self._granted[uuid] = acl.granted_users(path)
-            except acl.AclError as error:
-                self._report_once("acl_error", uuid, "", f"cannot read the ACL of {path}: {error}")
+        """Read the layout and the real ACLs back and converge; then have the checker look at who uses each GPU."""
+        self.refresh_layout()
+        self._read_files()
+        self._adopt(self.desired(now))
         self.converge(now)
         if not self._check_pending.is_set():  # one check waiting is enough
             self._check_pending.set()
             self._jobs.put(Job("check"))
+
+    def _read_files(self) -> None:
+        """Every kept file's users as the kernel has them; a unit whose grant lost a user's entry no longer
+        counts as held by them, so the converge that follows grants it again (and says so)."""
+        for path in sorted(self._files):
+            try:
+                self._files[path] = acl.granted_users(path)
+            except acl.AclError as error:
+                self._report_once("acl_error", self.access.owner(path) or path, "", str(error))
+        for unit, held in self._held.items():
+            files = self.access.grant_files.get(unit)
+            if files:
+                held.intersection_update(*(self._files.get(path, set()) for path in files))
+
+    def _adopt(self, wanted: dict[str, set[str]]) -> None:
+        """Count as held the units whose every file carries a user already: wanted ones (a restart finds them
+        granted), and unwanted ones, so that taking them back is reported once per unit rather than per file."""
+        access = self.access
+        wanted_files = access.files_wanted(wanted)
+        for unit, files in access.grant_files.items():
+            if not files:
+                continue
+            carried = set.intersection(*(self._files.get(path, set()) for path in files)) - self._held.get(unit, set())
+            for user in carried:
+                if user in wanted.get(unit, ()) or any(user not in wanted_files.get(path, ()) for path in files):
+                    self._held.setdefault(unit, set()).add(user)
 
     def startup(self) -> None:
         """Restore the stored snapshot and remove every grant it does not back, before anything else."""
@@ -368,36 +544,19 @@ class Enforcer:
         for lease in snapshot.leases if snapshot else ():
             if lease.end <= now:
                 for uuid in lease.gpus:
-                    self._revoked_at.setdefault((uuid, lease.user), lease.end)
+                    for unit in self.access.lease_units(uuid) or (uuid,):
+                        self._revoked_at.setdefault((unit, lease.user), lease.end)
         grace = timedelta(seconds=self.config.grace_seconds)
         for key, at in self._revoked_at.items():
-            if at + grace > now and key[0] in self.paths:
+            if at + grace > now and key[0] in self._held:
                 self._cleanups[key] = at + grace
         self.reconcile(now)
 
-    def _grant(self, uuid: str, user: str, now: datetime) -> None:
-        try:
-            acl.grant(self.paths[uuid], user)
-        except acl.AclError as error:
-            self._report_once("grant_failed", uuid, user, str(error))
-            return
-        self._granted_to(uuid, user, now)
-
     def _granted_to(self, uuid: str, user: str, now: datetime) -> None:
-        self._granted[uuid].add(user)
         self._cleanups.pop((uuid, user), None)
         self.report("granted", gpu=uuid, user=user, **self._lease_fields(uuid, user, now, starting=True))
 
-    def _revoke(self, uuid: str, user: str, now: datetime) -> None:
-        try:
-            acl.revoke(self.paths[uuid], user)
-        except acl.AclError as error:
-            self._report_once("revoke_failed", uuid, user, str(error))
-            return
-        self._revoked(uuid, user, now)
-
     def _revoked(self, uuid: str, user: str, now: datetime) -> None:
-        self._granted[uuid].discard(user)
         if not user.isdigit():  # an entry left for a deleted account has no processes to end
             self._cleanups[(uuid, user)] = now + timedelta(seconds=self.config.grace_seconds)
             self._revoked_at[(uuid, user)] = now
@@ -407,9 +566,10 @@ class Enforcer:
     def _lease_fields(self, uuid: str, user: str, now: datetime, *, starting: bool) -> dict[str, Any]:
         """The reservation and boundary behind a change, when a lease explains it (for reports and bench)."""
         snapshot = self._snapshot
+        card = self.access.card_of(uuid)
         best = None
         for lease in snapshot.leases if snapshot else ():
-            if lease.user == user and uuid in lease.gpus:
+            if lease.user == user and (uuid in lease.gpus or card in lease.gpus):
                 boundary = lease.start if starting else lease.end
                 if boundary <= now and (best is None or boundary > best[1]):
                     best = (lease.reservation, boundary)
@@ -420,15 +580,26 @@ class Enforcer:
     # -- processes --------------------------------------------------------------------------
 
     def note_gpu_processes(self, pids_by_gpu: dict[str, set[int]]) -> None:
-        """Pids NVML lists per GPU (from the telemetry sampler), joined with the /proc scan."""
+        """Pids NVML lists per GPU and slice (from the telemetry sampler), joined with the /proc scan."""
         self._nvml_pids = pids_by_gpu
 
+    def _listed_pids(self) -> dict[str, set[int]]:
+        """The backend's process lists per unit; a card in MIG mode is left out, as NVML lists every slice's
+        processes on it: each slice's own list says whose they are."""
+        cards = self.access.cards
+        return {
+            uuid: pids for uuid, pids in self._nvml_pids.items() if not (uuid in cards and cards[uuid].mode_current)
+        }
+
     def holders(self) -> dict[str, list[cleanup.Holder]]:
-        """Processes on each GPU: the device file held open, or listed by the GPU backend."""
-        by_path = procfs.fd_holders(self.paths.values())
+        """Processes on each unit: one of its files held open, or listed by the GPU backend."""
+        access = self.access
+        by_path = procfs.fd_holders(access.managed)
+        listed = self._listed_pids()
         found: dict[str, list[cleanup.Holder]] = {}
-        for uuid, path in self.paths.items():
-            pids = by_path.get(path, set()) | self._nvml_pids.get(uuid, set())
+        for uuid in access.units():
+            pids = {pid for path in access.reach.get(uuid, ()) for pid in by_path.get(path, ())}
+            pids |= listed.get(uuid, set())
             found[uuid] = [holder for holder in cleanup.describe(sorted(pids)) if not self._protected(holder)]
         return found
 
@@ -438,36 +609,61 @@ class Enforcer:
         )
 
     def check_holders(self, now: datetime) -> None:
-        """Report (and, by policy, end) processes on a GPU whose user holds no lease on it. First,
+        """Report (and, by policy, end) processes on a GPU or slice whose user holds no lease on it. First,
         off the boundary path, look the leases' accounts up again where the answer is a minute old."""
         snapshot = self._snapshot
         for lease in snapshot.leases if snapshot else ():
             if lease.end > now:
                 self._lease_refused(lease)
+        access = self.access
         wanted = self.desired(now)
+        wanted_files = access.files_wanted(wanted)
+        by_path = procfs.fd_holders(access.managed)
+        listed = self._listed_pids()
+        seen_pids = {pid for pids in (*by_path.values(), *listed.values()) for pid in pids}
+        holders = {holder.pid: holder for holder in cleanup.describe(sorted(seen_pids)) if not self._protected(holder)}
         live: set[tuple[str, int]] = set()
-        for uuid, holders in self.holders().items():
-            for holder in holders:
-                live.add((uuid, holder.pid))
-                key = (uuid, holder.user or "")
-                if holder.user in wanted[uuid] or key in self._cleanups or key in self._cleaning:
-                    continue  # allowed, or a leftover within its grace period (or being ended)
-                if (uuid, holder.pid) in self._violations_seen:
-                    continue  # reported already (as a violation, or as unkillable)
-                if key in self._revoked_at:  # the grace is over: a leftover, ended whatever the policy
-                    self._cleaning.add(key)
-                    self._jobs.put(Job("expired", gpu=uuid, user=key[1]))
-                    continue
-                self._violations_seen.add((uuid, holder.pid))
-                self.report("violation", gpu=uuid, user=holder.user, pid=holder.pid, process=holder.name)
-                if self.config.end_violations:
-                    self._end(uuid, holder.user or "", (holder.pid,))
+        for path, pids in by_path.items():
+            units = access.units_of_file.get(path) or tuple(unit for unit in (access.owner(path),) if unit)
+            for pid in sorted(pids & holders.keys()):
+                live.update((unit, pid) for unit in units[:1])
+                user = holders[pid].user or ""
+                if user in wanted_files.get(path, ()) or access.keeps_open(path, user, wanted):
+                    continue  # allowed
+                self._judge(holders[pid], units)
+        for uuid, pids in listed.items():
+            for pid in sorted(pids & holders.keys()):
+                live.add((uuid, pid))
+                if (holders[pid].user or "") not in wanted.get(uuid, ()):
+                    self._judge(holders[pid], (uuid,))
         self._violations_seen &= live
         self._persist_revocations(now)
         for uuid in list(self.drained):
             if not any(key[0] == uuid for key in live):
                 self.drained.discard(uuid)
                 self.report("drain_cleared", gpu=uuid)
+
+    def _judge(self, holder: cleanup.Holder, units: tuple[str, ...]) -> None:
+        """A process on files (or a list) of ``units`` whose user may not be there: within a grace period (or
+        being ended) it is left alone; after one, a leftover to end; otherwise a violation, reported once."""
+        if not units:
+            return
+        user = holder.user or ""
+        keys = [(unit, user) for unit in units]
+        if any(key in self._cleanups or key in self._cleaning for key in keys):
+            return  # a leftover within its grace period (or being ended)
+        if any((unit, holder.pid) in self._violations_seen for unit in units):
+            return  # reported already (as a violation, or as unkillable)
+        revoked = [key for key in keys if key in self._revoked_at]
+        if revoked:  # the grace is over: a leftover, ended whatever the policy
+            key = max(revoked, key=lambda item: self._revoked_at[item])
+            self._cleaning.add(key)
+            self._jobs.put(Job("expired", gpu=key[0], user=user))
+            return
+        self._violations_seen.add((units[0], holder.pid))
+        self.report("violation", gpu=units[0], user=holder.user, pid=holder.pid, process=holder.name)
+        if self.config.end_violations:
+            self._end(units[0], user, (holder.pid,))
 
     def _persist_revocations(self, now: datetime) -> None:
         """Forget revocations older than a day, and write the log when it changed."""
@@ -489,14 +685,32 @@ class Enforcer:
             self._jobs.put(Job("expired", gpu=key[0], user=key[1]))
 
     def end_leftovers(self, uuid: str, user: str, now: datetime) -> None:
-        """End ``user``'s processes on ``uuid`` unless a lease gives it back to them meanwhile."""
+        """End ``user``'s processes on ``uuid`` unless a lease gives it back to them meanwhile. On a slice: the
+        processes holding its capability files or on its backend list; never one that holds only files the
+        user still has a lease on (their other slice on the same card, and that card's device file)."""
         try:
-            if user in self.desired(now)[uuid]:
+            wanted = self.desired(now)
+            if user in wanted.get(uuid, ()):
                 return
-            pids = tuple(holder.pid for holder in self.holders()[uuid] if holder.user == user)
-            if pids:
-                self.report("leftover", gpu=uuid, user=user, pids=list(pids))
-                self._end(uuid, user, pids)
+            access = self.access
+            wanted_files = access.files_wanted(wanted)
+            files = [path for path in access.reach.get(uuid, ()) if user not in wanted_files.get(path, ())]
+            by_path = procfs.fd_holders(files)
+            pids = {pid for found in by_path.values() for pid in found}
+            listed = self._listed_pids()
+            pids |= listed.get(uuid, set())
+            card = access.cards.get(uuid)
+            for item in card.slices if card and card.mode_current else ():
+                if user not in wanted.get(item.uuid, ()):
+                    pids |= listed.get(item.uuid, set())
+            ended = tuple(
+                holder.pid
+                for holder in cleanup.describe(sorted(pids))
+                if holder.user == user and not self._protected(holder)
+            )
+            if ended:
+                self.report("leftover", gpu=uuid, user=user, pids=list(ended))
+                self._end(uuid, user, ended)
         finally:
             self._cleaning.discard((uuid, user))
 
@@ -519,7 +733,9 @@ class Enforcer:
     # -- threads ----------------------------------------------------------------------------
 
     def acls_in_force(self) -> dict[str, list[str]]:
-        return {uuid: sorted(users) for uuid, users in self._granted.items()}
+        """Per card and current slice, the users it is open to (the heartbeat's ``acls``)."""
+        units = self.access.units()
+        return {uuid: sorted(self._held.get(uuid, ())) for uuid in units}
 
     def start(self) -> None:
         for target, name in ((self._loop, "enforcer"), (self._checker, "checker")):

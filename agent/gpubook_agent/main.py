@@ -72,7 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     enforcer.start()
     reporter.start()
     log.info(
-        "agent %s for node %s: %d GPU(s), queue %s", AGENT_VERSION, config.node_name, len(enforcer.paths), config.queue
+        "agent %s for node %s: %d GPU(s), %d MIG slice(s), queue %s",
+        AGENT_VERSION,
+        config.node_name,
+        len(enforcer.paths),
+        len(enforcer.access.slices),
+        config.queue,
     )
 
     # The agent must be root (ACLs on /dev, signals to any user's processes). Celery warns about that
@@ -106,11 +111,12 @@ def heartbeat_body(kind: str, backend: GpuBackend, enforcer: Enforcer) -> protoc
         applied_version=enforcer.applied_version,
         acls=enforcer.acls_in_force(),
         drained=enforcer.drained,
+        mig=enforcer.mig_layout(),
     )
 
 
 def telemetry_body(backend: GpuBackend, enforcer: Enforcer) -> list[protocol.GpuReading]:
-    """One sample per GPU, each process with its owner's name; the pids also feed the enforcer."""
+    """One sample per GPU and MIG slice, each process with its owner's name; the pids also feed the enforcer."""
     samples = backend.sample()
     enforcer.note_gpu_processes({sample.uuid: {p.pid for p in sample.processes} for sample in samples})
     reported = []

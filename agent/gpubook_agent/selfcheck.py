@@ -5,8 +5,8 @@ Run it after installing and before enabling the service, and whenever a node mis
 nothing a running agent depends on: it opens the GPU backend (the simulated one creates its missing
 stand-in files, as the agent would), sets and removes one ACL entry on a temporary file next to the
 device files, sends the portal one heartbeat built from what is on disk (the stored snapshot's
-version and the ACLs read from the device files, so a running agent's state is reported truthfully),
-and connects to the broker without touching any queue.
+version, the ACLs read from the device and MIG capability files, and the MIG layout, so a running
+agent's state is reported truthfully), and connects to the broker without touching any queue.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gpubook_agent import acl, procfs, protocol
+from gpubook_agent.access import AccessMap
 from gpubook_agent.config import AgentConfig, ConfigError, config_file, load_config
-from gpubook_agent.gpus import BackendUnavailable, GpuBackend, open_configured_backend
+from gpubook_agent.gpus import BackendUnavailable, GpuBackend, MigCardInfo, open_configured_backend
 from gpubook_agent.reporter import PortalClient, redirect_refusal
+from gpubook_agent.snapshot import SnapshotRefused, decode_snapshot, parse_snapshot
 from gpubook_agent.store import SnapshotStore, StateFileIgnored, UnsafeStateDir
 from gpubook_agent.usernames import valid_username
 
@@ -53,6 +55,17 @@ NTP_FIX = "enable NTP (timedatectl set-ntp true): leases start and end by this n
 REGISTER_AGAIN = "register the node again or copy the token from `manage.py register_node`"
 GPU_FILE_RE = re.compile(r"\Anvidia(\d+)\Z")
 CONTROL_FILES = ("nvidiactl", "nvidia-uvm")
+CAPS_MODE_FIX = (
+    "make them root-only (for F in {files}; do chmod 0400 $F; done) and keep nvidia-modprobe from resetting them "
+    "with NVreg_ModifyDeviceFiles=0 among the driver options (see the device files check); only the agent's ACLs "
+    "then open a slice"
+)
+CAPS_CREATE_FIX = (
+    "create the capability files root-only from mig-minors: "
+    "major=$(awk '$2==\"nvidia-caps\" {{print $1}}' /proc/devices); mkdir -p -m 0755 {caps_dir}; "
+    "while read -r name minor; do [ -e {caps_dir}/nvidia-cap$minor ] || "
+    "mknod -m 0400 {caps_dir}/nvidia-cap$minor c $major $minor; done < {minors}"
+)
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,9 @@ def run_checks(config_path: str | None, environ: dict[str, str] | None = None) -
             checks.append(check_device_files(paths, simulated=config.backend == "simulated"))
         if backend is not None and backend.name == "nvml":
             checks.append(check_control_files(config.device_dir))
+        mig_check = check_mig(config, backend)
+        if mig_check is not None:
+            checks.append(mig_check)
         checks.append(check_acls(config.device_dir))
         checks.append(check_state_dir(config.state_dir))
         portal_check, answer = check_portal(config, heartbeat_body(config, backend))
@@ -313,6 +329,137 @@ def check_control_files(device_dir: str) -> Check:
     return Check("control files", OK, "nvidiactl and nvidia-uvm are open to all, as CUDA needs", details=tuple(details))
 
 
+def check_mig(config: AgentConfig, backend: GpuBackend | None) -> Check | None:
+    """The MIG cards: each one's mode and slices, the mig-minors file and the slices' capability files, which
+    must open to nobody but the agent's grants. None on a node without a card that supports MIG."""
+    cards = backend.mig_cards() if backend is not None else []
+    if backend is None or not cards:
+        return None
+    details: list[str] = []
+    failures: list[tuple[str, str]] = []  # (what is wrong, what to do)
+    pending: list[str] = []
+    for card in cards:
+        mode = "on" if card.mode_current else "off"
+        if card.mode_current != card.mode_pending:
+            mode += f", {'on' if card.mode_pending else 'off'} after the next reset"
+            pending.append(card.uuid)
+        details.append(f"{card.uuid}  minor {card.minor}: MIG {mode}, {len(card.slices)} slice(s)")
+        details.extend(
+            f"  {item.uuid}  {item.profile}  GPU instance {item.gpu_instance_id}, compute instance "
+            f"{item.compute_instance_id}, memory slices {item.placement_start}-"
+            f"{item.placement_start + item.placement_size - 1} -> {', '.join(item.capability_files) or 'none'}"
+            for item in card.slices
+        )
+    slices = [item for card in cards for item in card.slices]
+    minors_fix = CAPS_CREATE_FIX.format(caps_dir=config.mig_caps_dir, minors=config.mig_minors_file)
+    if slices and not os.path.exists(config.mig_minors_file):
+        failures.append(
+            (
+                f"{config.mig_minors_file} does not exist, so no slice's capability files are known",
+                "use a driver with MIG support (R470 or later) and check MIG_MINORS_FILE",
+            )
+        )
+    unnamed = [item.uuid for item in slices if len(item.capability_files) < 2]
+    if unnamed and os.path.exists(config.mig_minors_file):
+        failures.append((f"{config.mig_minors_file} does not name the capability files of {', '.join(unnamed)}", ""))
+    missing = sorted({path for item in slices for path in item.capability_files if not os.path.exists(path)})
+    if missing:
+        failures.append(
+            (f"capability file(s) {', '.join(missing)} are missing: nobody can use those slices", minors_fix)
+        )
+    failures.extend(_open_capability_files(config, cards))
+    if failures:
+        fixes = [fix for _, fix in failures if fix]
+        return Check(
+            "mig",
+            FAIL,
+            "; ".join(problem for problem, _ in failures),
+            fix="; ".join(dict.fromkeys(fixes)),
+            details=tuple(details),
+        )
+    summary = f"{len(cards)} MIG card(s), {len(slices)} slice(s); their capability files open to no one but leases"
+    if pending:
+        return Check(
+            "mig",
+            WARN,
+            f"{summary}; a MIG mode change is pending on {', '.join(pending)}: its slices' leases do not open the "
+            "card's device file until it is reset (nvidia-smi -i <index> -r) and MIG stays on",
+            fix="finish the change: reset the card when it is idle (nvidia-smi -i <index> -r), or undo it "
+            "(nvidia-smi -i <index> -mig 1, or -mig 0 if MIG is off now)",
+            details=tuple(details),
+        )
+    return Check("mig", OK, summary, details=tuple(details))
+
+
+def _open_capability_files(config: AgentConfig, cards: list[MigCardInfo]) -> list[tuple[str, str]]:
+    """What opens a card's capability files (every one on disk: the driver reuses their minors) to ordinary
+    users: the others bits, a group of ordinary users, or an ACL entry for a user no lease now explains."""
+    allowed = _leased_capability_users(config, cards)
+    uid_min = procfs.uid_min()
+    open_to_all: list[str] = []
+    open_to_group: list[str] = []
+    unleased: list[str] = []
+    too_open: list[str] = []
+    for path in sorted({path for card in cards for path in card.capability_files if os.path.exists(path)}):
+        info = os.stat(path)
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o006:
+            open_to_all.append(f"{path} ({mode:04o})")
+            too_open.append(path)
+        elif info.st_uid != 0 and mode & 0o600:
+            open_to_group.append(f"{path} (owned by {procfs.user_label(info.st_uid)})")
+            too_open.append(path)
+        elif mode & 0o060 and _ordinary_members(info.st_gid, uid_min):
+            open_to_group.append(f"{path} (group {_group(info.st_gid)})")
+            too_open.append(path)
+        try:
+            users = acl.granted_users(path)
+        except acl.AclError:
+            continue
+        unleased.extend(f"{user} on {path}" for user in sorted(users - allowed.get(path, set())))
+    found: list[tuple[str, str]] = []
+    mode_fix = (
+        "for the simulated stand-ins: chmod 0660 and chown root:root them"
+        if config.backend == "simulated"
+        else CAPS_MODE_FIX.format(files=" ".join(too_open))
+    )
+    if open_to_all:
+        found.append((f"everyone can open the MIG capability file(s) {', '.join(open_to_all)}", mode_fix))
+    if open_to_group:
+        found.append((f"ordinary users can open the MIG capability file(s) {', '.join(open_to_group)}", mode_fix))
+    if unleased:
+        found.append(
+            (
+                f"ACL entries for users with no lease on the slice: {', '.join(unleased)}",
+                "start the agent (it removes every entry no lease backs), or remove them: setfacl -x u:<user> <file>",
+            )
+        )
+    return found
+
+
+def _leased_capability_users(config: AgentConfig, cards: list[MigCardInfo]) -> dict[str, set[str]]:
+    """Per capability file, the users whose lease in the stored snapshot covers now a slice it opens."""
+    try:
+        stored = SnapshotStore(config.state_dir).load()
+        snapshot = (
+            parse_snapshot(decode_snapshot(stored), node_name=config.node_name, secret=config.lease_secret)
+            if stored is not None
+            else None
+        )
+    except (StateFileIgnored, SnapshotRefused, OSError):
+        snapshot = None
+    access = AccessMap.build({card.uuid: f"card:{card.uuid}" for card in cards}, cards)
+    now = datetime.now(UTC)
+    allowed: dict[str, set[str]] = {}
+    for lease in snapshot.leases if snapshot else ():
+        if lease.active_at(now):
+            for uuid in lease.gpus:
+                for unit in access.lease_units(uuid):
+                    for path in access.reach.get(unit, ()):
+                        allowed.setdefault(path, set()).add(lease.user)
+    return allowed
+
+
 def check_acls(device_dir: str) -> Check:
     try:
         setfacl = acl.tool("setfacl")
@@ -403,9 +550,14 @@ def heartbeat_body(config: AgentConfig, backend: GpuBackend | None) -> protocol.
         version = 0
     acls: dict[str, list[str]] = {}
     paths = {gpu.uuid: backend.device_path(gpu.uuid) for gpu in backend.gpus()} if backend else {}
-    for uuid, path in paths.items():
+    cards = backend.mig_cards() if backend else []
+    access = AccessMap.build(paths, cards)
+    for uuid in access.units():
+        files = access.grant_files.get(uuid)
+        if not files:
+            continue
         try:
-            users = acl.granted_users(path)
+            users = set.intersection(*(acl.granted_users(path) for path in files))  # open to them: every file
         except acl.AclError:
             continue
         acls[uuid] = sorted(user for user in users if valid_username(user))  # as the portal accepts them
@@ -414,6 +566,7 @@ def heartbeat_body(config: AgentConfig, backend: GpuBackend | None) -> protocol.
         driver_version=backend.driver_version if backend else None,
         applied_version=max(0, version),
         acls=acls,
+        mig=[card.as_dict() for card in cards],
     )
 
 

@@ -191,6 +191,7 @@
   const collapsedNodes = new Set();  // node row ids the person collapsed, kept when the rows are replaced
   let gpus = new Map();  // GPU id -> {label, node, bookable}
   let nodeRowOf = new Map();  // "gpu-12" -> "node-3"
+  let shareOf = new Map();  // a MIG slice row -> its share of its card (cards: absent, counted as 1)
   let rowIds = [];
 
   /** A node's GPU rows in order, each MIG card followed by its slices (rows under it). */
@@ -198,15 +199,20 @@
     return (node?.children ?? []).flatMap((gpu) => [gpu, ...(gpu.children ?? [])]);
   }
 
+  /** A count of GPUs as people read it: 2, or 1.43 when MIG slices count by their share. */
+  const gpuCount = (count) => `${Number(count.toFixed(2))}`;
+
   function indexResources() {
     gpus = new Map();
     nodeRowOf = new Map();
+    shareOf = new Map();
     rowIds = [];
     for (const node of resources) {
       rowIds.push(node.id);
       for (const gpu of bookableRows(node)) {
         rowIds.push(gpu.id);
         nodeRowOf.set(gpu.id, node.id);
+        if (gpu.extendedProps.share !== undefined) shareOf.set(gpu.id, gpu.extendedProps.share);
         gpus.set(gpu.extendedProps.gpu, {...gpu.extendedProps, title: gpu.title});
       }
     }
@@ -258,15 +264,16 @@
 
   /** Each node's load over time, as background events on its row ("3/8 booked"), shaded by share. */
   function nodeLoad(bookings) {
-    const changes = new Map();  // node row id -> [[ms, +1 | -1], ...]
+    const changes = new Map();  // node row id -> [[ms, +share | -share], ...]: a card 1, a MIG slice its share
     for (const event of bookings) {
       const start = Date.parse(event.start);
       const end = Date.parse(event.end);
       for (const id of event.resourceIds) {
         const node = nodeRowOf.get(id);
         if (node) {
+          const share = shareOf.get(id) ?? 1;
           changes.has(node) || changes.set(node, []);
-          changes.get(node).push([start, 1], [end, -1]);
+          changes.get(node).push([start, share], [end, -share]);
         }
       }
     }
@@ -282,14 +289,14 @@
         if (shown > 0 && since < at) {
           load.push({
             id: `load-${node}-${load.length}`, resourceIds: [node], start: isoUtc(since), end: isoUtc(at),
-            display: 'background', title: `${shown} of ${total} GPUs booked`,
+            display: 'background', title: `${gpuCount(shown)} of ${total} GPUs booked`,
             classNames: ['load', `load-${Math.min(4, Math.ceil((4 * shown) / total))}`],
-            extendedProps: {kind: 'load', label: `${shown}/${total} booked`},
+            extendedProps: {kind: 'load', label: `${gpuCount(shown)}/${total} booked`},
           });
         }
       };
       for (let i = 0; i < list.length; i++) {
-        count += list[i][1];
+        count = Math.round((count + list[i][1]) * 1e6) / 1e6;  // shares are fractions: no float residue
         const at = list[i][0];
         if (i + 1 < list.length && list[i + 1][0] === at) {
           continue;  // settle every change at this moment first

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,8 @@ from tests.agent.harness import RecordingPortal
 USERADD_TRIES = 5  # useradd fails while another process holds the /etc/passwd lock
 CHILD_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
 
-# A stand-in for a GPU job: opens the device for writing, says so, then writes each line it is sent.
+# A stand-in for a GPU job: opens the device for writing (and any further files for reading: a job on a MIG
+# slice opens its two capability files too, as CUDA does), says so, then writes each line it is sent.
 HOLDER = """
 import signal, sys, time
 if sys.argv[2] == "ignore-term":
@@ -40,6 +41,7 @@ if sys.argv[3]:
     with open("/proc/self/comm", "w") as comm:
         comm.write(sys.argv[3])
 device = open(sys.argv[1], "r+b", buffering=0)
+capabilities = [open(path, "rb") for path in sys.argv[4:]]
 print("ready", flush=True)
 for line in sys.stdin:
     device.write(line.encode())
@@ -153,13 +155,19 @@ Spawn = Callable[..., subprocess.Popen[str]]
 @pytest.fixture
 def spawn(user_python: str) -> Iterator[Spawn]:
     """Start a holder process (``HOLDER``) as a user, or as root with ``user=None``; waits until it is ready.
+    ``also``: files it opens besides the device (a MIG slice's capability files).
 
     Every process is killed and reaped at the end of the test, whatever happened.
     """
     started: list[subprocess.Popen[str]] = []
 
     def start(
-        device: str, *, user: UnixUser | None, ignore_term: bool = False, name: str = ""
+        device: str,
+        *,
+        user: UnixUser | None,
+        ignore_term: bool = False,
+        name: str = "",
+        also: Sequence[str] = (),
     ) -> subprocess.Popen[str]:
         process = subprocess.Popen(
             [
@@ -170,6 +178,7 @@ def spawn(user_python: str) -> Iterator[Spawn]:
                 device,
                 "ignore-term" if ignore_term else "-",
                 name,
+                *also,
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -13,6 +13,7 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 
+from gpubook_agent.gpus.mig import read_mig_minors
 from gpubook_agent.gpus.simulated import MEMORY_TOTAL_MIB, process_mib
 from tests.agent.harness import AgentRun, PrivateRedis, acl_users, lease, now, wait_for
 
@@ -319,3 +320,65 @@ def test_a_stopped_agent_leaves_every_gpu_closed_and_a_restart_reopens_the_runni
 
     agent.start()
     assert wait_for(lambda: alice.name in acl_users(agent.device(0)), timeout=5)
+
+
+def test_a_slice_of_a_mig_card_opens_and_closes_with_its_lease_and_the_heartbeat_shows_the_layout(
+    make_agent, unix_users, portal, spawn, try_open
+):
+    agent = make_agent(grace_seconds=1, simulated_mig="0:3g.40gb,2g.20gb,2g.20gb")
+    alice, bob, _ = unix_users
+    assert wait_for(lambda: portal.received["heartbeat"], timeout=10)
+    (card,) = portal.received["heartbeat"][0]["mig"]
+    assert (card["uuid"], card["mode_current"], card["mode_pending"]) == (agent.uuid(0), True, True)
+    assert [(s["profile"], s["placement_start"], s["placement_size"]) for s in card["slices"]] == [
+        ("2g.20gb", 0, 2),
+        ("2g.20gb", 2, 2),
+        ("3g.40gb", 4, 4),
+    ]
+    first, other = card["slices"][2], card["slices"][0]
+    minors = read_mig_minors(str(agent.device_dir / "mig-minors"))
+    caps = agent.device_dir / "nvidia-caps"
+    first_gi, other_gi = first["gpu_instance_id"], other["gpu_instance_id"]
+    first_caps = [
+        str(caps / f"nvidia-cap{minors[f'gpu0/gi{first_gi}{suffix}']}") for suffix in ("/access", "/ci0/access")
+    ]
+    other_caps = [str(caps / f"nvidia-cap{minors[f'gpu0/gi{other_gi}/access']}")]
+    end = now() + timedelta(seconds=3)
+    agent.send(
+        agent.snapshot(
+            [
+                lease(1, alice.name, [first["uuid"]], now(), end),
+                lease(2, bob.name, [other["uuid"]], now(), now() + timedelta(hours=1)),
+            ]
+        )
+    )
+
+    assert wait_for(lambda: alice.name in acl_users(first_caps[1]), timeout=10)
+    assert [try_open(path, alice) for path in [agent.device(0), *first_caps, *other_caps, agent.device(1)]] == [
+        "opened",
+        "opened",
+        "opened",
+        "denied",
+        "denied",
+    ]
+    job = spawn(agent.device(0), user=alice, also=first_caps)
+    assert wait_for(
+        lambda: any(b["acls"].get(first["uuid"]) == [alice.name] for b in portal.received["heartbeat"]), timeout=5
+    )
+
+    def slice_sample():
+        for body in portal.received["telemetry"]:
+            for gpu in body["gpus"]:
+                if gpu["uuid"] == first["uuid"] and gpu["processes"]:
+                    return gpu
+        return None
+
+    assert wait_for(slice_sample, timeout=10)
+    assert [(p["pid"], p["user"]) for p in slice_sample()["processes"]] == [(job.pid, alice.name)]
+
+    assert wait_for(lambda: job.poll() is not None, timeout=15)  # the slot's end, then its grace
+    assert now() - end >= timedelta(seconds=1)
+    assert [try_open(path, alice) for path in [agent.device(0), *first_caps]] == ["denied"] * 3
+    assert acl_users(agent.device(0)) == {bob.name}  # the card's file stays open to the other slice's holder
+    assert wait_for(lambda: portal.events("ended"), timeout=5)
+    assert portal.events("leftover")[0]["gpu"] == first["uuid"]

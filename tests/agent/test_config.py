@@ -5,6 +5,7 @@ Every test passes an explicit ``environ`` so the real environment (and /etc/gpub
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -337,6 +338,53 @@ def test_a_simulated_node_keeps_an_explicit_device_dir():
 
 def test_an_nvml_node_guards_the_real_dev():
     assert config_from_values({**REQUIRED, "STATE_DIR": "/srv/agent"}).device_dir == "/dev"
+
+
+def test_mig_capability_files_are_the_drivers_on_an_nvml_node():
+    config = config_from_values(REQUIRED)
+    assert (config.mig_minors_file, config.mig_caps_dir) == ("/proc/driver/nvidia-caps/mig-minors", "/dev/nvidia-caps")
+
+    moved = config_from_values({**REQUIRED, "MIG_MINORS_FILE": "/run/mig-minors", "MIG_CAPS_DIR": "/dev/caps"})
+    assert (moved.mig_minors_file, moved.mig_caps_dir) == ("/run/mig-minors", "/dev/caps")
+
+
+def test_a_simulated_node_keeps_its_stand_in_capability_files_beside_its_device_files():
+    config = config_from_values({**REQUIRED, "BACKEND": "simulated", "DEVICE_DIR": "/srv/fake"})
+    assert (config.mig_minors_file, config.mig_caps_dir) == ("/srv/fake/mig-minors", "/srv/fake/nvidia-caps")
+
+
+def test_a_simulated_mig_layout_reaches_the_backend(tmp_path):
+    config = config_from_values(
+        {
+            **REQUIRED,
+            "BACKEND": "simulated",
+            "SIMULATED_GPUS": "2",
+            "DEVICE_DIR": str(tmp_path / "dev"),
+            "SIMULATED_MIG": "0:3g.40gb,2g.20gb,2g.20gb; 1:7g.80gb",
+        }
+    )
+    backend = open_configured_backend(config)
+
+    assert [[s.profile for s in card.slices] for card in backend.mig_cards()] == [
+        ["2g.20gb", "2g.20gb", "3g.40gb"],
+        ["7g.80gb"],
+    ]
+    assert (tmp_path / "dev" / "mig-minors").exists()
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"SIMULATED_MIG": "0:9g.90gb"}, "SIMULATED_MIG: card 0: unknown MIG profile '9g.90gb'"),
+        ({"SIMULATED_MIG": "0:4g.40gb,4g.40gb"}, "need 8 compute slices and a card has 7"),
+        ({"SIMULATED_MIG": "0:3g.40gb,3g.40gb,1g.10gb"}, "do not fit on a card of 8 memory slices"),
+        ({"SIMULATED_MIG": "4:7g.80gb"}, "card 4 does not exist: SIMULATED_GPUS is 4 (cards 0-3)"),
+        ({"SIMULATED_MIG": "0:7g.80gb", "SIMULATED_GPUS": "1", "BACKEND": "nvml"}, "is for BACKEND=simulated"),
+    ],
+)
+def test_an_impossible_simulated_mig_layout_is_refused_saying_why(values, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config_from_values({**REQUIRED, "BACKEND": "simulated", **values})
 
 
 def test_protected_users_are_a_comma_separated_list():

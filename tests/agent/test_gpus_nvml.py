@@ -15,6 +15,7 @@ import pynvml
 import pytest
 
 from gpubook_agent.gpus import BackendUnavailable, GpuBackend, GpuProcess, open_backend
+from gpubook_agent.gpus.simulated import mig_minors_text
 
 MIB = 1024 * 1024
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
@@ -40,6 +41,51 @@ class FakeGpu:
     compute: list[tuple[int, int | None]] = field(default_factory=list)
     graphics: list[tuple[int, int | None]] = field(default_factory=list)
     failing: dict[str, int] = field(default_factory=dict)  # pynvml function name -> NVML error code
+    # MIG: (current, pending) or None for a card without MIG (NOT_SUPPORTED); the MIG devices by index, with
+    # holes where no compute instance is; the GPU instances by id: (profile id, placement start, size).
+    mig_mode: tuple[int, int] | None = None
+    max_mig_devices: int = 7
+    mig_devices: dict[int, FakeMig] = field(default_factory=dict)
+    gpu_instances: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+
+
+@dataclass
+class FakeMig(FakeGpu):
+    """A MIG device handle: NVML answers memory and processes on it, and NOT_SUPPORTED for what only the card has."""
+
+    minor: int = -1
+    gpu_instance: int = 0
+    compute_instance: int = 0
+    gi_slices: int = 3
+    ci_slices: int = 3
+    memory_mb: int = 40192
+
+    def __post_init__(self) -> None:
+        unsupported = (
+            "nvmlDeviceGetUtilizationRates",
+            "nvmlDeviceGetTemperature",
+            "nvmlDeviceGetTemperatureThreshold",
+            "nvmlDeviceGetPowerUsage",
+            "nvmlDeviceGetTotalEccErrors",
+            "nvmlDeviceGetMinorNumber",
+        )
+        self.failing = {name: pynvml.NVML_ERROR_NOT_SUPPORTED for name in unsupported} | self.failing
+
+
+@dataclass
+class FakeGpuInstance:
+    gpu: FakeGpu
+    gpu_instance_id: int
+
+
+# An A100-SXM4-80GB's GPU-instance profiles: (profile enum, profile id, name, compute slices, memory MB, placements).
+A100_PROFILES = [
+    (pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, "MIG 1g.10gb", 1, 9856, [(i, 1) for i in range(7)]),
+    (pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, "MIG 2g.20gb", 2, 19968, [(0, 2), (2, 2), (4, 2)]),
+    (pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, "MIG 3g.40gb", 3, 40192, [(0, 4), (4, 4)]),
+    (pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, "MIG 4g.40gb", 4, 40192, [(0, 4)]),
+    (pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, "MIG 7g.80gb", 7, 80384, [(0, 8)]),
+]
 
 
 class FakeNvml:
@@ -52,6 +98,7 @@ class FakeNvml:
         self.shutdown_calls = 0
         self.init_error: int | None = None
         self.failing: dict[str, int] = {}  # for the functions that take no handle
+        self.mig_lookups: list[int] = []  # the MIG device indices that found a device
 
     @property
     def running(self) -> bool:
@@ -142,6 +189,90 @@ class FakeNvml:
     def nvmlDeviceGetGraphicsRunningProcesses(self, gpu: FakeGpu) -> list[pynvml.nvmlFriendlyObject]:
         self._check("nvmlDeviceGetGraphicsRunningProcesses", gpu)
         return [_process(pid, used) for pid, used in gpu.graphics]
+
+    # -- MIG, as NVML documents it --------------------------------------------------------------------------
+
+    def _mig_capable(self, function: str, gpu: FakeGpu) -> None:
+        self._check(function, gpu)
+        if gpu.mig_mode is None or isinstance(gpu, FakeMig):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetMigMode(self, gpu: FakeGpu) -> list[int]:
+        self._mig_capable("nvmlDeviceGetMigMode", gpu)
+        assert gpu.mig_mode is not None
+        return list(gpu.mig_mode)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, gpu: FakeGpu) -> int:
+        self._mig_capable("nvmlDeviceGetMaxMigDeviceCount", gpu)
+        return gpu.max_mig_devices
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, gpu: FakeGpu, index: int) -> FakeMig:
+        self._mig_capable("nvmlDeviceGetMigDeviceHandleByIndex", gpu)
+        if not 0 <= index < gpu.max_mig_devices:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if gpu.mig_mode is None or gpu.mig_mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE or index not in gpu.mig_devices:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        self.mig_lookups.append(index)
+        return gpu.mig_devices[index]
+
+    def nvmlDeviceGetGpuInstanceId(self, mig: FakeGpu) -> int:
+        self._check("nvmlDeviceGetGpuInstanceId", mig)
+        if not isinstance(mig, FakeMig):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return mig.gpu_instance
+
+    def nvmlDeviceGetComputeInstanceId(self, mig: FakeGpu) -> int:
+        self._check("nvmlDeviceGetComputeInstanceId", mig)
+        if not isinstance(mig, FakeMig):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return mig.compute_instance
+
+    def nvmlDeviceGetAttributes(self, mig: FakeGpu) -> pynvml.c_nvmlDeviceAttributes:
+        self._check("nvmlDeviceGetAttributes", mig)
+        if not isinstance(mig, FakeMig):  # "This API currently only supports MIG device handles."
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return pynvml.c_nvmlDeviceAttributes(
+            gpuInstanceSliceCount=mig.gi_slices, computeInstanceSliceCount=mig.ci_slices, memorySizeMB=mig.memory_mb
+        )
+
+    def nvmlDeviceGetGpuInstanceById(self, gpu: FakeGpu, gpu_instance_id: int) -> FakeGpuInstance:
+        self._mig_capable("nvmlDeviceGetGpuInstanceById", gpu)
+        if gpu_instance_id not in gpu.gpu_instances:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        return FakeGpuInstance(gpu, gpu_instance_id)
+
+    def nvmlGpuInstanceGetInfo(self, instance: FakeGpuInstance) -> pynvml.c_nvmlGpuInstanceInfo_t:
+        self._check("nvmlGpuInstanceGetInfo", instance.gpu)
+        profile_id, start, size = instance.gpu.gpu_instances[instance.gpu_instance_id]
+        return pynvml.c_nvmlGpuInstanceInfo_t(
+            id=instance.gpu_instance_id,
+            profileId=profile_id,
+            placement=pynvml.c_nvmlGpuInstancePlacement_t(start=start, size=size),
+        )
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, gpu: FakeGpu, profile: int, version: int = 2
+    ) -> pynvml.c_nvmlGpuInstanceProfileInfo_v2_t:
+        self._mig_capable("nvmlDeviceGetGpuInstanceProfileInfo", gpu)
+        for number, profile_id, name, slices, memory, _ in A100_PROFILES:
+            if number == profile:
+                info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()  # as pynvml makes it: the version set
+                info.id, info.sliceCount, info.memorySizeMB, info.name = profile_id, slices, memory, name.encode()
+                return info
+        raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a profile this card does not have
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, gpu: FakeGpu, profile_id: int, placements: Any, count_ref: Any
+    ) -> int:
+        self._mig_capable("nvmlDeviceGetGpuInstancePossiblePlacements", gpu)
+        allowed = next(found for _, pid, _, _, _, found in A100_PROFILES if pid == profile_id)
+        count = count_ref._obj  # what ctypes.byref wraps
+        if count.value < len(allowed):
+            raise nvml_error(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        for i, (start, size) in enumerate(allowed):
+            placements[i].start, placements[i].size = start, size
+        count.value = len(allowed)
+        return pynvml.NVML_SUCCESS
 
 
 def _process(pid: int, used_mib: int | None) -> pynvml.nvmlFriendlyObject:
@@ -349,3 +480,197 @@ def test_without_a_gpu_driver_the_nvml_backend_is_unavailable(tmp_path):
     else:
         backend.close()
         pytest.skip("NVML is available on this machine")
+
+
+# -- MIG ---------------------------------------------------------------------------------------------------
+
+MIG_3G = "MIG-11111111-0000-0000-0000-000000000003"
+MIG_1C_A = "MIG-22222222-0000-0000-0000-000000000001"
+MIG_1C_B = "MIG-33333333-0000-0000-0000-000000000001"
+
+
+@pytest.fixture
+def mig_nvml(monkeypatch: pytest.MonkeyPatch, tmp_path) -> FakeNvml:
+    """An A100 in MIG mode (NVML index 0, minor 2): a 3g.40gb at memory slices 4-7, and a 2g.20gb at 0-1 split
+    into two 1-slice compute instances; its MIG devices sit at indices 0, 3 and 5 of 7 (holes between). Beside it
+    a card without MIG. The driver's mig-minors file numbers the capability files."""
+    card = FakeGpu(
+        uuid=UUID_A,
+        minor=2,
+        mig_mode=(pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE),
+        gpu_instances={2: (9, 4, 4), 3: (14, 0, 2)},
+        mig_devices={
+            0: FakeMig(uuid=MIG_3G, gpu_instance=2, compute_instance=0, total=40192 * MIB, compute=[(5001, 1024)]),
+            3: FakeMig(uuid=MIG_1C_A, gpu_instance=3, compute_instance=0, gi_slices=2, ci_slices=1, memory_mb=19968),
+            5: FakeMig(uuid=MIG_1C_B, gpu_instance=3, compute_instance=1, gi_slices=2, ci_slices=1, memory_mb=19968),
+        },
+    )
+    fake = FakeNvml([card, FakeGpu(uuid=UUID_B, minor=0)])
+    fake.install(monkeypatch)
+    (tmp_path / "mig-minors").write_text(mig_minors_text(4))
+    return fake
+
+
+def _open_mig(tmp_path) -> GpuBackend:
+    return open_backend(
+        "nvml",
+        device_dir=str(tmp_path),
+        node_name="gpu-a100",
+        caps_dir=str(tmp_path / "caps"),
+        mig_minors_file=str(tmp_path / "mig-minors"),
+    )
+
+
+def _cap(tmp_path, minor: int) -> str:
+    return str(tmp_path / "caps" / f"nvidia-cap{minor}")
+
+
+def test_mig_devices_are_found_past_the_holes_in_their_index_space(mig_nvml, tmp_path):
+    backend = _open_mig(tmp_path)
+    try:
+        (card,) = backend.mig_cards()
+    finally:
+        backend.close()
+
+    assert (card.uuid, card.minor, card.mode_current, card.mode_pending) == (UUID_A, 2, True, True)
+    assert (card.placement_slots, card.compute_slices) == (8, 7)  # the 7g.80gb profile: 7 slices, placed 0 + 8
+    assert [
+        (s.uuid, s.profile, s.gpu_instance_id, s.compute_instance_id, s.placement_start, s.placement_size)
+        for s in card.slices
+    ] == [
+        (MIG_1C_A, "1c.2g.20gb", 3, 0, 0, 2),
+        (MIG_1C_B, "1c.2g.20gb", 3, 1, 0, 2),
+        (MIG_3G, "3g.40gb", 2, 0, 4, 4),
+    ]
+    assert [(s.compute_slices, s.memory_mib) for s in card.slices] == [(1, 19968), (1, 19968), (3, 40192)]
+    assert set(mig_nvml.mig_lookups) == {0, 3, 5}  # NOT_FOUND at the other indices: skipped, not an error
+
+
+def test_capability_files_come_from_mig_minors_by_the_cards_minor_not_its_index(mig_nvml, tmp_path):
+    backend = _open_mig(tmp_path)
+    try:
+        (card,) = backend.mig_cards()
+        slices = {s.uuid: s for s in card.slices}
+        # gpu2/gi2/access and gpu2/gi2/ci0/access; gpu2/gi3/access and gpu2/gi3/ci1/access
+        assert slices[MIG_3G].capability_files == (_cap(tmp_path, 291), _cap(tmp_path, 292))
+        assert slices[MIG_1C_B].capability_files == (_cap(tmp_path, 300), _cap(tmp_path, 302))
+        assert backend.device_files(MIG_3G) == (f"{tmp_path}/nvidia2", _cap(tmp_path, 291), _cap(tmp_path, 292))
+        card_files = backend.device_files(UUID_A)
+        assert card_files[0] == f"{tmp_path}/nvidia2" and set(card_files[1:]) == {
+            _cap(tmp_path, minor) for minor in (291, 292, 300, 301, 302)
+        }
+        assert backend.device_files(UUID_B) == (f"{tmp_path}/nvidia0",)
+        assert len(card.capability_files) == 15 * 9  # every GPU and compute instance the card could have
+        with pytest.raises(KeyError):
+            backend.device_files("MIG-ffffffff-0000-0000-0000-000000000000")
+    finally:
+        backend.close()
+
+
+def test_a_card_without_mig_is_not_in_the_layout(mig_nvml, tmp_path):
+    backend = _open_mig(tmp_path)
+    cards = backend.mig_cards()
+    backend.close()
+
+    assert [card.uuid for card in cards] == [UUID_A]
+
+
+def test_a_pending_change_to_mig_off_is_reported_and_the_slices_still_listed(mig_nvml, tmp_path):
+    mig_nvml.gpus[0].mig_mode = (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_DISABLE)
+    backend = _open_mig(tmp_path)
+    (card,) = backend.mig_cards()
+    backend.close()
+
+    assert (card.mode_current, card.mode_pending, card.slices_open) == (True, False, False)
+    assert len(card.slices) == 3
+    assert card.as_dict()["mode_pending"] is False
+
+
+def test_a_pending_change_to_mig_on_lists_no_slices_yet(mig_nvml, tmp_path):
+    mig_nvml.gpus[0].mig_mode = (pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_ENABLE)
+    backend = _open_mig(tmp_path)
+    (card,) = backend.mig_cards()
+    backend.close()
+
+    assert (card.mode_current, card.mode_pending, card.slices) == (False, True, ())
+    assert mig_nvml.mig_lookups == []  # MIG devices are not looked for on a card with MIG off
+    assert backend.device_files(UUID_A) == (f"{tmp_path}/nvidia2",)
+
+
+def test_a_mig_device_nvml_cannot_identify_is_skipped_and_the_others_listed(mig_nvml, tmp_path):
+    mig_nvml.gpus[0].mig_devices[5].failing["nvmlDeviceGetGpuInstanceId"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    mig_nvml.gpus[0].failing["nvmlDeviceGetMigDeviceHandleByIndex"] = pynvml.NVML_ERROR_NOT_FOUND
+    backend = _open_mig(tmp_path)
+    (card,) = backend.mig_cards()
+    backend.close()
+
+    assert card.slices == ()  # every index answers NOT_FOUND: no slices, and no error
+
+    mig_nvml.gpus[0].failing.clear()
+    backend = _open_mig(tmp_path)
+    (card,) = backend.mig_cards()
+    backend.close()
+
+    assert [s.uuid for s in card.slices] == [MIG_1C_A, MIG_3G]
+
+
+def test_a_slice_made_or_destroyed_is_seen_on_the_next_read(mig_nvml, tmp_path):
+    backend = _open_mig(tmp_path)
+    try:
+        del mig_nvml.gpus[0].mig_devices[0]  # nvidia-smi mig -dci / -dgi
+        (card,) = backend.mig_cards()
+        assert MIG_3G not in {s.uuid for s in card.slices}
+        assert MIG_3G not in {sample.uuid for sample in backend.sample()}
+    finally:
+        backend.close()
+
+
+def test_each_slice_is_sampled_on_its_own_handle(mig_nvml, tmp_path):
+    backend = _open_mig(tmp_path)
+    samples = _by_uuid(backend)
+    backend.close()
+
+    assert list(samples) == [UUID_B, UUID_A, MIG_1C_A, MIG_1C_B, MIG_3G]  # cards by minor, then slices
+    sample = samples[MIG_3G]
+    assert sample.processes == (GpuProcess(pid=5001, used_memory_mib=1024),)
+    assert (sample.memory_used_mib, sample.memory_total_mib) == (1024, 40192)
+    # NVML gives these for the card only: NOT_SUPPORTED on a MIG handle, named missing, never logged as errors.
+    assert set(sample.missing) == {
+        "utilization_pct",
+        "temperature_c",
+        "slowdown_temperature_c",
+        "power_w",
+        "ecc_errors_uncorrected",
+    }
+
+
+def test_without_profile_information_a_slice_is_named_from_its_attributes(mig_nvml, tmp_path):
+    mig_nvml.gpus[0].failing["nvmlDeviceGetGpuInstanceProfileInfo"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    backend = _open_mig(tmp_path)
+    (card,) = backend.mig_cards()
+    backend.close()
+
+    assert [s.profile for s in card.slices] == ["1c.2g.20gb", "1c.2g.20gb", "3g.39gb"]  # 40192 MiB is 39.25 GiB
+    assert (card.placement_slots, card.compute_slices) == (8, 7)  # what every MIG card so far has
+
+
+def test_without_mig_minors_slices_are_listed_without_capability_files(mig_nvml, tmp_path):
+    (tmp_path / "mig-minors").unlink()
+    backend = _open_mig(tmp_path)
+    (card,) = backend.mig_cards()
+    backend.close()
+
+    assert [s.capability_files for s in card.slices] == [(), (), ()]
+    assert card.capability_files == ()
+
+
+def test_a_card_whose_mig_state_cannot_be_read_at_all_is_taken_as_a_card_without_mig(mig_nvml, tmp_path, monkeypatch):
+    def broken(device, index):
+        raise TypeError("a binding this agent does not know")
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMigDeviceHandleByIndex", broken)
+    backend = _open_mig(tmp_path)  # whole GPUs are still there to enforce
+
+    assert backend.mig_cards() == []
+    assert [gpu.uuid for gpu in backend.gpus()] == [UUID_B, UUID_A]
+    backend.close()

@@ -14,7 +14,15 @@ import pytest
 
 from gpubook_agent import procfs
 from gpubook_agent.gpus import BackendUnavailable, GpuBackend, open_backend
-from gpubook_agent.gpus.simulated import BASE_MIB, MEMORY_TOTAL_MIB, process_mib, simulated_uuid
+from gpubook_agent.gpus.simulated import (
+    BASE_MIB,
+    MEMORY_TOTAL_MIB,
+    SimulatedBackend,
+    parse_simulated_mig,
+    process_mib,
+    simulated_mig_uuid,
+    simulated_uuid,
+)
 
 PROCESS_MIB = process_mib(MEMORY_TOTAL_MIB, 1)  # one holder on a default card
 
@@ -225,3 +233,132 @@ def test_many_holders_never_use_more_memory_than_the_card_has(device_dir, hold_o
 def test_impossible_cards_are_refused(device_dir, card, message):
     with pytest.raises(ValueError, match=message):
         open_backend("simulated", device_dir=device_dir, node_name="gpu-demo", simulated=card)
+
+
+# -- MIG ---------------------------------------------------------------------------------------------------
+
+MIG_UUID_RE = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def _mig_backend(device_dir: str, layout: str, gpus: int = 2) -> GpuBackend:
+    return open_backend(
+        "simulated",
+        device_dir=device_dir,
+        node_name="gpu-demo",
+        simulated_gpus=gpus,
+        simulated={"memory_mib": 81920, "mig_layout": layout},
+    )
+
+
+@pytest.mark.parametrize(
+    ("layout", "placed"),
+    [
+        # The 3g goes first to 0, then 2g at 4 leaves no room for the second 2g: it moves to 4.
+        ("0:3g.40gb,2g.20gb,2g.20gb", {0: [("3g.40gb", 4, 4), ("2g.20gb", 0, 2), ("2g.20gb", 2, 2)]}),
+        ("0:1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb", {0: [("1g.10gb", i, 1) for i in range(7)]}),
+        ("0:4g.40gb,3g.40gb", {0: [("4g.40gb", 0, 4), ("3g.40gb", 4, 4)]}),
+        ("1:7g.80gb; 0:2g.20gb", {1: [("7g.80gb", 0, 8)], 0: [("2g.20gb", 0, 2)]}),
+    ],
+)
+def test_layouts_are_placed_by_a100_rules(layout, placed):
+    found = parse_simulated_mig(layout)
+
+    assert {card: [(s.profile, s.placement_start, s.placement_size) for s in plan] for card, plan in found.items()} == (
+        placed
+    )
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        ("0:5g.50gb", "unknown MIG profile '5g.50gb'"),
+        ("0:3g", "unknown MIG profile '3g'"),
+        ("0:4g.40gb,4g.40gb", "need 8 compute slices and a card has 7"),
+        ("0:3g.40gb,3g.40gb,1g.10gb", "do not fit on a card of 8 memory slices"),
+        ("0:7g.80gb,1g.10gb", "need 8 compute slices and a card has 7"),
+        ("0:2g.20gb,2g.20gb,2g.20gb,2g.20gb", "need 8 compute slices"),
+        ("3g.40gb", "is not '<card index>:<profile>,<profile>...'"),
+        ("0:3g.40gb;0:2g.20gb", "card 0 is given twice"),
+        ("0:", "card 0 has no slices"),
+        ("40:1g.10gb", "card index 40 is out of range"),
+    ],
+)
+def test_impossible_layouts_are_refused_saying_why(layout, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_simulated_mig(layout)
+
+
+def test_a_layout_for_a_card_the_node_lacks_is_refused(device_dir):
+    with pytest.raises(ValueError, match="names card 2, but the node has 2"):
+        _mig_backend(device_dir, "2:7g.80gb")
+
+
+def test_mig_slices_have_deterministic_uuids_and_their_card_s_share_of_memory(device_dir):
+    backend = _mig_backend(device_dir, "0:3g.40gb,2g.20gb,2g.20gb")
+    (card,) = backend.mig_cards()
+    again = _mig_backend(device_dir, "0:3g.40gb,2g.20gb,2g.20gb").mig_cards()[0]
+
+    assert [s.uuid for s in card.slices] == [s.uuid for s in again.slices]
+    assert all(MIG_UUID_RE.match(s.uuid) for s in card.slices)
+    assert len({s.uuid for s in card.slices}) == 3
+    assert card.slices[0].uuid == simulated_mig_uuid("gpu-demo", 0, 0, "2g.20gb")
+    assert [(s.memory_mib, s.compute_slices, s.gpu_instance_id) for s in card.slices] == [
+        (20480, 2, 2),
+        (20480, 2, 3),
+        (40960, 3, 1),
+    ]
+    assert [c.uuid for c in backend.mig_cards()] == [backend.gpus()[0].uuid]  # card 1 has no MIG layout
+
+
+def test_stand_in_capability_files_are_root_only_and_numbered_by_a_real_format_mig_minors(device_dir):
+    backend = _mig_backend(device_dir, "1:3g.40gb,2g.20gb,2g.20gb")
+    (card,) = backend.mig_cards()
+
+    minors_file = os.path.join(device_dir, "mig-minors")
+    lines = open(minors_file).read().splitlines()  # noqa: SIM115
+    assert lines[:4] == ["config 1", "monitor 2", "gpu0/gi0/access 3", "gpu0/gi0/ci0/access 4"]
+    assert "gpu1/gi1/access 147" in lines and "gpu1/gi1/ci0/access 148" in lines  # 3 + 135 × card + 9 × GI
+    assert stat.S_IMODE(os.stat(minors_file).st_mode) == 0o444
+    three_g = next(s for s in card.slices if s.profile == "3g.40gb")
+    caps = os.path.join(device_dir, "nvidia-caps")
+    assert three_g.capability_files == (f"{caps}/nvidia-cap147", f"{caps}/nvidia-cap148")
+    for path in (p for s in card.slices for p in s.capability_files):
+        info = os.stat(path)
+        assert (stat.S_ISREG(info.st_mode), stat.S_IMODE(info.st_mode), info.st_uid) == (True, 0o660, os.geteuid())
+    assert sorted(os.listdir(caps)) == sorted(os.path.basename(p) for s in card.slices for p in s.capability_files)
+    assert len(card.capability_files) == 135
+
+
+def test_a_job_on_a_slice_is_a_process_holding_its_capability_files(device_dir, hold_open):
+    backend = _mig_backend(device_dir, "0:4g.40gb,3g.40gb")
+    (card,) = backend.mig_cards()
+    four_g, three_g = card.slices
+    job = hold_open(three_g.capability_files[1])
+
+    samples = {sample.uuid: sample for sample in backend.sample()}
+
+    assert len(samples) == 4  # two cards, two slices
+    assert [p.pid for p in samples[three_g.uuid].processes] == [job.pid]
+    assert samples[four_g.uuid].processes == ()
+    assert samples[three_g.uuid].memory_total_mib == 40960
+    assert 60 <= samples[three_g.uuid].utilization_pct <= 100
+    assert samples[three_g.uuid].power_w is None and "power_w" in samples[three_g.uuid].missing
+
+
+def test_a_card_whose_mig_mode_is_off_lists_no_slices(device_dir):
+    backend = _mig_backend(device_dir, "0:7g.80gb")
+    assert isinstance(backend, SimulatedBackend)
+    card_uuid = backend.gpus()[0].uuid
+    slice_uuid = backend.mig_cards()[0].slices[0].uuid
+    assert backend.device_files(slice_uuid)[0] == backend.device_path(card_uuid)
+
+    backend.set_mig_mode(card_uuid, current=True, pending=False)
+    (pending,) = backend.mig_cards()
+    backend.set_mig_mode(card_uuid, current=False, pending=False)
+    (off,) = backend.mig_cards()
+
+    assert (pending.mode_current, pending.mode_pending, len(pending.slices)) == (True, False, 1)
+    assert (off.mode_current, off.slices) == (False, ())
+    assert backend.device_files(card_uuid) == (backend.device_path(card_uuid),)
+    with pytest.raises(KeyError):
+        backend.device_files(slice_uuid)

@@ -43,6 +43,38 @@ def test_a_heartbeat_without_drained_gpus_leaves_the_field_out():
     assert datetime.fromisoformat(body["sent_at"]).tzinfo is not None
 
 
+def test_a_heartbeat_carries_the_mig_layout_with_each_cards_slices_in_placement_order():
+    second = protocol.mig_slice(
+        uuid="MIG-2",
+        profile="3g.40gb",
+        gpu_instance_id=1,
+        compute_instance_id=0,
+        placement_start=4,
+        placement_size=4,
+        compute_slices=3,
+        memory_mib=40960,
+    )
+    first = {**second, "uuid": "MIG-1", "profile": "2g.20gb", "gpu_instance_id": 2, "placement_start": 0}
+    card = protocol.mig_card(
+        uuid="GPU-1", mode_current=True, mode_pending=False, placement_slots=8, compute_slices=7, slices=[second, first]
+    )
+
+    body = protocol.heartbeat(backend="nvml", driver_version=None, applied_version=1, acls={}, mig=[card], sent_at=T0)
+
+    assert body["mig"] == [
+        {
+            "uuid": "GPU-1",
+            "mode_current": True,
+            "mode_pending": False,
+            "placement_slots": 8,
+            "compute_slices": 7,
+            "slices": [first, second],
+        }
+    ]
+    assert json.loads(json.dumps(body)) == body
+    assert "mig" not in protocol.heartbeat(backend="nvml", driver_version=None, applied_version=1, acls={})
+
+
 def test_an_event_drops_empty_fields_and_keeps_within_the_portals_limits():
     fields = {"gpu": "GPU-1", "user": "u" * 40, "pids": list(range(1, 2000)), "message": "m" * 3000, "process": None}
 

@@ -26,10 +26,11 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from gpubook_agent import acl, selfcheck
+from gpubook_agent import acl, protocol, selfcheck
 from gpubook_agent.gpus.simulated import simulated_uuid
 from gpubook_agent.main import main as agent_main
 from gpubook_agent.selfcheck import FAIL, MODPROBE_OPTIONS, OK, WARN, Check, check_root, run_checks
+from gpubook_agent.signing import signed
 from nodes.models import AgentState
 from nodes.services import node_register
 from tests.agent.harness import REPO, HeaderRecorder, RecordingPortal, Redirector, free_port, local_ca
@@ -579,3 +580,84 @@ def test_a_state_dir_of_its_own_passes(node):
 
     assert state.status == OK
     assert state.message == f"STATE_DIR {node.state_dir} is the agent's own (not writable by others) and writable"
+
+
+# -- MIG ---------------------------------------------------------------------------------------------------
+
+MIG_LAYOUT = "0:3g.40gb,2g.20gb,2g.20gb"
+
+
+@pytest.fixture
+def mig_node(workdir: Path, portal: Portal) -> Node:
+    return Node(workdir, portal_url=portal.url, simulated_mig=MIG_LAYOUT, simulated_memory_mib=81920)
+
+
+def _capability_files(node: Node) -> list[Path]:
+    return sorted((node.device_dir / "nvidia-caps").iterdir())
+
+
+def test_a_mig_node_reports_each_cards_mode_and_slices_and_passes(mig_node, portal):
+    checks = mig_node.check()
+
+    mig = checks["mig"]
+    assert mig.status == OK, mig
+    assert mig.message == "1 MIG card(s), 3 slice(s); their capability files open to no one but leases"
+    assert mig.details[0] == f"{simulated_uuid('gpu-check', 0)}  minor 0: MIG on, 3 slice(s)"
+    assert "3g.40gb  GPU instance 1, compute instance 0, memory slices 4-7 -> " in mig.details[3]
+    assert list(checks) == [
+        "config", "root", "gpus", "device files", "mig", "acls", "state", "portal", "clock", "broker",
+    ]  # fmt: skip
+    _, _, heartbeat = portal.requests[0]
+    (card,) = heartbeat["mig"]
+    assert (card["uuid"], card["mode_current"], card["mode_pending"]) == (simulated_uuid("gpu-check", 0), True, True)
+    assert [s["profile"] for s in card["slices"]] == ["2g.20gb", "2g.20gb", "3g.40gb"]
+    assert len(heartbeat["acls"]) == GPUS + 3  # the cards and the slices
+
+
+def test_a_node_without_mig_has_no_mig_check(node):
+    assert "mig" not in node.check()
+
+
+def test_capability_files_open_to_everyone_fail_with_the_fix(mig_node):
+    mig_node.check()  # makes the stand-ins
+    opened = _capability_files(mig_node)[0]
+    opened.chmod(0o664)
+
+    mig = mig_node.check()["mig"]
+
+    assert mig.status == FAIL
+    assert f"everyone can open the MIG capability file(s) {opened} (0664)" in mig.message
+    assert "chmod 0660 and chown root:root" in mig.fix  # the stand-ins' fix; a real node's says chmod 0400
+
+
+def test_an_acl_entry_on_a_capability_file_for_a_user_without_a_lease_fails(mig_node, unix_users):
+    alice = unix_users[0]
+    mig_node.check()
+    entry = _capability_files(mig_node)[1]
+    acl.grant(str(entry), alice.name)
+
+    mig = mig_node.check()["mig"]
+
+    assert mig.status == FAIL
+    assert f"ACL entries for users with no lease on the slice: {alice.name} on {entry}" in mig.message
+    assert "start the agent" in mig.fix
+
+
+def test_an_acl_entry_a_stored_lease_explains_passes(mig_node, unix_users):
+    alice = unix_users[0]
+    mig_node.check()
+    card = simulated_uuid("gpu-check", 0)
+    for path in _capability_files(mig_node):
+        acl.grant(str(path), alice.name)
+    mig_node.state_dir.mkdir(mode=0o700)
+    now = datetime.now(UTC)
+    body = protocol.snapshot(
+        node="gpu-check",
+        version=3,
+        issued_at=now,
+        horizon_end=now + timedelta(hours=24),
+        leases=[protocol.lease(reservation=1, user=alice.name, gpus=[card], start=now, end=now + timedelta(hours=1))],
+    )
+    (mig_node.state_dir / "snapshot.json").write_text(json.dumps(signed(body, "s3cret")))
+
+    assert mig_node.check()["mig"].status == OK

@@ -11,7 +11,7 @@ from nodes.models import NodeEvent
 from reservations.services import reservation_create
 from tests.alerts.helpers import event
 from tests.conftest import at
-from tests.factories import book, node_with_gpus
+from tests.factories import book, carve_mig, node_with_gpus
 
 pytestmark = pytest.mark.usefixtures("clock")
 MESSAGE = "'alice' is a system account on this node (uid 33 is below UID_MIN 1000)"
@@ -86,3 +86,11 @@ def test_a_deactivation_resolves_it(refused, alice, django_capture_on_commit_cal
         user_deactivate(user=alice, actor=None)
 
     assert not open_refusals().exists()
+
+
+def test_a_slice_refused_because_its_card_left_mig_mode_is_not_an_account_problem(alice, node, gpus):
+    pieces = carve_mig(gpus[0])
+    booking = book(alice, pieces[:1], at(0), at(1))
+    event(node, "lease_refused", gpu=pieces[0], user="alice", reservation=booking.pk, message="MIG is off")
+    assert not open_refusals().exists()
+    assert NodeEvent.objects.get(node=node, kind="lease_refused").gpu == pieces[0]

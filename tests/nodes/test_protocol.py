@@ -10,11 +10,14 @@ import pytest
 from django.urls import reverse
 
 from gpubook_agent import protocol
+from gpubook_agent.gpus.simulated import SimulatedBackend
 from nodes.ingest_serializers import (
     EventSerializer,
     EventsSerializer,
     HeartbeatResponseSerializer,
     HeartbeatSerializer,
+    MigCardSerializer,
+    MigSliceSerializer,
     ProcessSerializer,
     SampleSerializer,
     TelemetrySerializer,
@@ -36,6 +39,8 @@ T0 = datetime(2030, 5, 6, 9, 0, tzinfo=UTC)
         (EventSerializer, protocol.Event),
         (AgentSnapshotSerializer, protocol.Snapshot),
         (AgentLeaseSerializer, protocol.Lease),
+        (MigCardSerializer, protocol.MigCard),
+        (MigSliceSerializer, protocol.MigSlice),
     ],
 )
 def test_each_serializer_has_the_fields_of_its_protocol_shape(serializer, shape):
@@ -59,6 +64,28 @@ def test_a_heartbeat_the_agent_builds_is_valid():
     serializer = HeartbeatSerializer(data=body)
 
     assert serializer.is_valid(), serializer.errors
+
+
+def test_a_heartbeat_with_the_mig_layout_the_simulated_agent_reports_is_valid(tmp_path):
+    backend = SimulatedBackend(
+        device_dir=str(tmp_path / "dev"),
+        node_name="gpu-a100",
+        count=2,
+        memory_mib=81920,
+        mig_layout="0:3g.40gb,2g.20gb,2g.20gb;1:1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb,1g.10gb",
+    )
+    body = protocol.heartbeat(
+        backend="simulated",
+        driver_version="simulated",
+        applied_version=3,
+        acls={},
+        mig=[card.as_dict() for card in backend.mig_cards()],
+    )
+
+    serializer = HeartbeatSerializer(data=body)
+
+    assert serializer.is_valid(), serializer.errors
+    assert [len(card["slices"]) for card in serializer.validated_data["mig"]] == [3, 7]
 
 
 def test_an_event_cut_to_the_protocols_limits_is_valid():

@@ -1,6 +1,6 @@
-"""The interface every GPU backend implements (``GpuBackend``) and what it reads: the GPUs' static facts
-and their telemetry samples. The backends (nvml.py, simulated.py) import this, and gpus/__init__.py
-opens them and passes these names on to the rest of the agent.
+"""The interface every GPU backend implements (``GpuBackend``) and what it reads: the GPUs' static facts,
+their MIG layout (mig.py) and their telemetry samples. The backends (nvml.py, simulated.py) import this,
+and gpus/__init__.py opens them and passes these names on to the rest of the agent.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from gpubook_agent.gpus.mig import MigCardInfo
 from gpubook_agent.protocol import GpuReading
 
 
@@ -30,8 +31,8 @@ class GpuProcess:
 
 @dataclass(frozen=True)
 class GpuSample:
-    """One telemetry reading. A measurement the card or driver did not give is None and named in ``missing``,
-    so the portal can tell "not supported" from zero."""
+    """One telemetry reading of a card or a MIG slice (``uuid`` "MIG-…"). A measurement the card or driver did
+    not give is None and named in ``missing``, so the portal can tell "not supported" from zero."""
 
     uuid: str
     utilization_pct: int | None
@@ -77,8 +78,20 @@ class GpuBackend(Protocol):
         """``<device_dir>/nvidia<minor>`` for this GPU; KeyError for a UUID this node does not have."""
         ...
 
+    def mig_cards(self) -> list[MigCardInfo]:
+        """The cards that support MIG, read now: each one's mode (current and pending) and the slices it has,
+        with their capability files. Empty on a node without such cards. Slices come and go while the agent
+        runs (``nvidia-smi mig -cgi``/``-dgi``), so the caller reads this again rather than keeping it."""
+        ...
+
+    def device_files(self, uuid: str) -> tuple[str, ...]:
+        """The files that open ``uuid``, a card or a MIG slice, as of the last ``mig_cards()`` (mig.files_of):
+        a card's device file (in MIG mode with every slice's capability files); a slice's card's device file
+        and its own capability files. KeyError for a UUID this node does not have."""
+        ...
+
     def sample(self) -> list[GpuSample]:
-        """One telemetry sample per GPU, in the order of ``gpus()``."""
+        """One telemetry sample per GPU, in the order of ``gpus()``, then one per MIG slice."""
         ...
 
     def close(self) -> None: ...
