@@ -21,6 +21,7 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import audit_record
+from gpubook_agent.gpus.simulated import COMPUTE_SLICES, PLACEMENT_SLOTS, parse_simulated_mig, simulated_mig_uuid
 from nodes.models import Gpu, Node
 from nodes.signals import mig_slices_gone
 
@@ -102,3 +103,45 @@ def mig_layout_confirm(*, card: Gpu, actor: Any) -> list[Gpu]:
             after={"slices": [f"{piece.profile}@{piece.placement_start} {piece.uuid}" for piece in present]},
         )
     return present
+
+
+def simulated_layout(node: Node) -> str:
+    """``node``'s MIG cards as the simulated backend's SIMULATED_MIG says them (``0:2g.20gb,2g.20gb,3g.40gb``):
+    each card in MIG mode with its present slices in placement order, which the backend places back where
+    they are (and numbers their GPU instances in that order: demo_jobs finds the capability files so). For
+    the demo, whose portal writes its simulated agents' configs (nodes demo_agents)."""
+    cards = []
+    for card in node.gpus.filter(parent=None, mig_mode=True).order_by("index"):
+        profiles = (
+            card.slices.filter(gone_at__isnull=True).order_by("placement_start").values_list("profile", flat=True)
+        )
+        if profiles:
+            cards.append(f"{card.index}:{','.join(profiles)}")
+    return ";".join(cards)
+
+
+def simulated_mig_cards_make(node: Node, layout: str) -> list[Gpu]:
+    """Split ``node``'s cards as the simulated backend does for SIMULATED_MIG ``layout``: each card in MIG
+    mode, its slices (the agent's UUIDs and placements) confirmed. For the demo lab and its tests, whose
+    simulated agents then report the same layout. Returns the slices."""
+    made = []
+    for index, planned in parse_simulated_mig(layout).items():
+        card = Gpu.objects.get(node=node, index=index, parent=None)
+        Gpu.objects.filter(pk=card.pk).update(mig_mode=True, compute_slices=COMPUTE_SLICES)
+        for piece in planned:
+            row, _ = Gpu.objects.get_or_create(
+                uuid=simulated_mig_uuid(node.name, index, piece.placement_start, piece.profile),
+                defaults={
+                    "node": node,
+                    "parent": card,
+                    "index": index,
+                    "model": card.model,
+                    "memory_mib": card.memory_mib * piece.placement_size // PLACEMENT_SLOTS,
+                    "profile": piece.profile,
+                    "compute_slices": piece.compute_slices,
+                    "placement_start": piece.placement_start,
+                    "placement_size": piece.placement_size,
+                },
+            )
+            made.append(row)
+    return made

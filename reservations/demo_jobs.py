@@ -30,8 +30,11 @@ from datetime import datetime
 
 from gpubook_agent import procfs
 from gpubook_agent.accounts import AccountCheck
-from gpubook_agent.gpus.simulated import closed_to_others, demo_device_dir
+from gpubook_agent.gpus import mig
+from gpubook_agent.gpus.simulated import closed_to_others, demo_device_dir, parse_simulated_mig
 from gpubook_agent.usernames import valid_username
+from nodes.mig import simulated_layout
+from nodes.models import Gpu
 from reservations.models import Allocation, Reservation
 
 log = logging.getLogger(__name__)
@@ -114,16 +117,39 @@ def running_bookings(*, now: datetime, device_root: str) -> list[Wanted]:
     found: dict[int, Wanted] = {}
     for allocation in rows:
         gpu = allocation.gpu
-        card = gpu.parent or gpu  # a slice lives on its card's file
-        path = os.path.join(demo_device_dir(device_root, gpu.node.name), f"nvidia{card.index}")
+        card = gpu.parent or gpu  # a slice lives on its card's file, and its own capability files
+        device_dir = demo_device_dir(device_root, gpu.node.name)
+        paths = (os.path.join(device_dir, f"nvidia{card.index}"), *_slice_capability_files(device_dir, gpu))
         earlier = found.get(allocation.reservation_id)
         found[allocation.reservation_id] = Wanted(
             reservation=allocation.reservation_id,
             username=allocation.reservation.user.unix_username,
             end=max(allocation.end.timestamp(), earlier.end if earlier else 0.0),
-            paths=tuple(dict.fromkeys((*(earlier.paths if earlier else ()), path))),
+            paths=tuple(dict.fromkeys((*(earlier.paths if earlier else ()), *paths))),
         )
     return list(found.values())
+
+
+def _slice_capability_files(device_dir: str, gpu: Gpu) -> tuple[str, ...]:
+    """A MIG slice's stand-in capability files, numbered as the simulated agent numbers them in its
+    mig-minors (none for a card, and none before the agent has written them: the card's file alone)."""
+    if gpu.parent is None:
+        return ()
+    try:
+        minors = mig.read_mig_minors(os.path.join(device_dir, "mig-minors"))
+        plan = parse_simulated_mig(simulated_layout(gpu.node)).get(gpu.parent.index, ())
+    except (OSError, ValueError):  # not written yet, or a layout the demo did not make
+        return ()
+    piece = next((planned for planned in plan if planned.placement_start == gpu.placement_start), None)
+    if piece is None:
+        return ()
+    return mig.slice_capability_files(
+        minors,
+        os.path.join(device_dir, "nvidia-caps"),
+        card_minor=gpu.parent.index,  # a simulated card's minor is its index
+        gpu_instance_id=piece.gpu_instance_id,
+        compute_instance_id=0,
+    )
 
 
 def job_python(candidates: Iterable[str] = PYTHONS) -> str | None:

@@ -226,6 +226,8 @@
     holder.dataset.role = 'holder';
     if (gpu.current) {
       holder.append('Held by ', el('strong', '', gpu.current.user), ` until ${when(gpu.current.end)}`);
+    } else if (gpu.slices?.some((piece) => piece.current)) {
+      holder.textContent = 'Held in MIG slices (below).';
     } else {
       holder.textContent = 'Nobody holds it now.';
     }

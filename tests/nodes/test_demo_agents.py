@@ -18,7 +18,7 @@ from accounts.services import hash_token
 from gpubook_agent.config import load_config
 from nodes.management.commands.demo_agents import power_limit
 from nodes.services import node_rotate_credentials
-from tests.factories import node_with_gpus
+from tests.factories import carve_mig, node_with_gpus
 
 
 @pytest.fixture
@@ -177,3 +177,11 @@ def test_a_kept_config_the_agent_would_refuse_is_written_again(node, tmp_path, d
 
     assert "(kept)" not in run(tmp_path, device_root)
     assert load_config(path, environ={}).allow_insecure_portal
+
+
+def test_a_mig_card_is_written_into_the_simulated_layout_in_placement_order(db, tmp_path, device_root):
+    card = node_with_gpus(2, name="gpu-a100").gpus.get(index=1)
+    carve_mig(card)  # 3g.40gb at 0, 2g.20gb at 4 and 6
+    run(tmp_path, device_root)
+    config = load_config(tmp_path / "gpu-a100.conf", environ={})
+    assert config.simulated_mig == "1:3g.40gb,2g.20gb,2g.20gb"

@@ -26,7 +26,8 @@ from django.utils import timezone
 
 from gpubook_agent import acl
 from gpubook_agent.accounts import AccountCheck
-from gpubook_agent.gpus.simulated import SimulatedBackend, demo_device_dir
+from gpubook_agent.gpus.simulated import SimulatedBackend, demo_device_dir, parse_simulated_mig
+from nodes.mig import simulated_layout, simulated_mig_cards_make
 from nodes.models import AgentState
 from reservations import demo_jobs
 from reservations.demo_jobs import (
@@ -304,3 +305,30 @@ def test_without_root_or_a_python_for_everyone_it_says_why(monkeypatch, tmp_path
     assert skip_reason("/usr/bin/python3") is None
     monkeypatch.setattr(demo_jobs.os, "geteuid", lambda: 1000)
     assert "needs root" in (skip_reason("/usr/bin/python3") or "")
+
+
+def test_a_slice_bookings_job_holds_its_cards_file_and_the_slices_capability_files(lab, unix_users):
+    """The demo's MIG card: the job of a slice booking opens what CUDA opens for a MIG device."""
+    parent = tempfile.mkdtemp(prefix="gpbt-jobs-", dir="/tmp")
+    try:
+        root = os.path.join(parent, "gpubook-demo")
+        device_dir = demo_device_dir(root, "gpu-a100")
+        pieces = simulated_mig_cards_make(lab["node"], "0:3g.40gb,2g.20gb,2g.20gb")  # 2g.20gb at 0 and 2, 3g at 4
+        layout = simulated_layout(lab["node"])  # what demo_agents writes into the agent's SIMULATED_MIG
+        SimulatedBackend(device_dir=device_dir, node_name="gpu-a100", count=4, mig_layout=layout).close()
+        booking = book(lab["rita"], pieces[:1], now_plus(-1), now_plus(1), direct=True)
+
+        [wanted] = running_bookings(now=timezone.now(), device_root=root)
+        minors = {
+            line.split()[0]: int(line.split()[1]) for line in Path(device_dir, "mig-minors").read_text().splitlines()
+        }
+        gi = next(p for p in parse_simulated_mig(layout)[0] if p.placement_start == pieces[0].placement_start)
+        caps = [f"gpu0/gi{gi.gpu_instance_id}/access", f"gpu0/gi{gi.gpu_instance_id}/ci0/access"]
+        assert wanted.reservation == booking.pk
+        assert wanted.paths == (
+            os.path.join(device_dir, "nvidia0"),
+            *(os.path.join(device_dir, "nvidia-caps", f"nvidia-cap{minors[name]}") for name in caps),
+        )
+        assert all(os.path.exists(path) for path in wanted.paths)
+    finally:
+        shutil.rmtree(parent)

@@ -36,6 +36,7 @@ from gpubook_agent.gpus.simulated import (
     demo_device_dir,
 )
 from nodes.broker_users import BrokerUserError, broker_url_still_valid
+from nodes.mig import simulated_layout
 from nodes.models import Gpu, Node
 from nodes.services import node_rotate_credentials
 
@@ -163,8 +164,10 @@ def _simulated_lines(node: Node, cards: list[Gpu], *, home: Path, device_dir: Pa
     model, memory = Counter((card.model, card.memory_mib) for card in cards).most_common(1)[0][0]
     # A config line: one line of printable text, whatever an admin typed into the model field.
     model = "".join(ch for ch in " ".join(model.split()) if ch.isprintable())[:MAX_MODEL_CHARS] or "Simulated GPU"
+    layout = simulated_layout(node)
+    mig = f"SIMULATED_MIG={layout}\n" if layout else ""  # the demo's MIG card (demo_lab made its slices)
     return (
-        f"BACKEND=simulated\nSIMULATED_GPUS={len(cards)}\n"
+        f"BACKEND=simulated\nSIMULATED_GPUS={len(cards)}\n{mig}"
         f"SIMULATED_MODEL={model}\nSIMULATED_MEMORY_MIB={memory}\nSIMULATED_POWER_W={power_limit(model):g}\n"
         f"STATE_DIR={home / 'state'}\nDEVICE_DIR={device_dir}\n"
         f"GRACE_SECONDS={options['grace_seconds']}\n"

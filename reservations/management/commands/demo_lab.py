@@ -19,6 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpubook_agent.gpus.simulated import simulated_uuid
+from nodes.mig import simulated_mig_cards_make
 from nodes.models import Gpu, Node
 from reservations import services
 from reservations.demo_jobs import LEFT_IDLE_PURPOSE
@@ -30,6 +31,9 @@ NODES = [
     ("gpu-a100", "gpu-a100.lab.example", "NVIDIA A100-SXM4-80GB", 81920, False),
     ("gpu-4090", "gpu-4090.lab.example", "NVIDIA GeForce RTX 4090", 24564, True),
 ]
+# gpu-a100's GPU 0 is split with MIG, its layout confirmed (the simulated agent reports the same: demo_agents
+# writes it into SIMULATED_MIG from the slices made here).
+DEMO_MIG = {"gpu-a100": "0:3g.40gb,2g.20gb,2g.20gb"}
 USERS = [
     # username, unix username (the account on the GPU nodes; scripts/run creates them when it can), admin?
     ("carol", "demo-carol", True),
@@ -39,7 +43,10 @@ USERS = [
 
 
 class Command(BaseCommand):
-    help = "Create the demo lab (idempotent): 2 nodes x 4 simulated GPUs, an admin, 2 researchers, bookings."
+    help = (
+        "Create the demo lab (idempotent): 2 nodes x 4 simulated GPUs (one split with MIG), an admin, "
+        "2 researchers, bookings."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
         with transaction.atomic():
@@ -77,6 +84,8 @@ class Command(BaseCommand):
                     parent=None,
                     defaults={"uuid": simulated_uuid(name, index), "model": model, "memory_mib": memory},
                 )
+            if name in DEMO_MIG:
+                simulated_mig_cards_make(node, DEMO_MIG[name])
 
     def _users(self) -> dict[str, Any]:
         User = get_user_model()
@@ -101,10 +110,13 @@ class Command(BaseCommand):
     def _bookings(self, users: dict[str, Any]) -> None:
         now = timezone.now()
         cell = floor_to_grid(now)
-        a100 = list(Gpu.objects.filter(node__name="gpu-a100").order_by("index"))
-        rtx = list(Gpu.objects.filter(node__name="gpu-4090").order_by("index"))
+        a100 = list(Gpu.objects.filter(node__name="gpu-a100", parent=None).order_by("index"))
+        rtx = list(Gpu.objects.filter(node__name="gpu-4090", parent=None).order_by("index"))
+        slices = list(Gpu.objects.filter(node__name="gpu-a100", parent__isnull=False).order_by("placement_start"))
         plan = [
-            (users["alice"], a100[:2], cell, cell + timedelta(hours=3), "fine-tuning a 7B model"),
+            (users["alice"], a100[1:2], cell, cell + timedelta(hours=3), "fine-tuning a 7B model"),
+            (users["carol"], slices[:1], cell, cell + timedelta(hours=4), "notebook on a MIG slice"),
+            (users["alice"], slices[-1:], cell + timedelta(hours=1), cell + timedelta(hours=3), "inference tests"),
             (users["bob"], a100[2:3], cell, cell + timedelta(hours=5), "protein folding sweep"),
             (users["bob"], rtx[:1], cell + timedelta(days=1), cell + timedelta(days=1, hours=8), "rendering"),
             (users["alice"], rtx[1:3], cell, cell + timedelta(hours=2), "ablation runs"),
