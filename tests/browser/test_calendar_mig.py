@@ -1,15 +1,19 @@
-"""MIG slices on the calendar (issue 18): a card's slices are rows under it; dragging on a slice books
-that slice; booking the whole card over a booked slice is refused in the dialog, naming the slice."""
+"""MIG slices on the calendar (issue 18): a card's slices are rows under it (the demo's MIG card too);
+dragging on a slice books that slice; booking the whole card over a booked slice is refused in the dialog,
+naming the slice."""
 
 from __future__ import annotations
 
 import re
+from io import StringIO
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from playwright.sync_api import expect
 
 from reservations.models import Reservation
-from tests.browser.helpers import drag, log_in, open_tomorrow, tomorrow_at
+from tests.browser.helpers import drag, log_in, open_page, open_tomorrow, tomorrow_at
 from tests.factories import book, carve_mig
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -52,3 +56,16 @@ def test_booking_the_card_over_a_booked_slice_is_refused_in_the_dialog(page, liv
     expect(dialog).to_be_visible()
     screenshot("card-over-slice")
     assert not Reservation.objects.filter(user=alice).exists()
+
+
+def test_the_demos_mig_card_shows_its_slices_as_rows_with_their_bookings(page, live_server, screenshot):
+    call_command("demo_lab", stdout=StringIO())
+    open_page(page, live_server, get_user_model().objects.get(username="alice"), "/")
+
+    expect(page.get_by_role("rowheader", name=re.compile(r"^GPU 0 · 3g\.40gb$"))).to_have_count(1)
+    expect(page.get_by_role("rowheader", name=re.compile(r"^GPU 0 · 2g\.20gb$"))).to_have_count(2)
+    # carol's notebook runs on a slice: a block on that slice's row, named.
+    expect(page.locator(".run-blocks .block", has_text="carol")).to_have_attribute(
+        "aria-label", re.compile(r"^booked by carol, gpu-a100 GPU 0 · 2g\.20gb")
+    )
+    screenshot("demo-mig-card")
