@@ -33,7 +33,7 @@ from django.db.models.functions import ExtractHour, ExtractIsoWeekDay, ExtractMi
 from django.utils import timezone
 
 from accounting.models import UsageHour
-from nodes.models import Gpu, Node
+from nodes.models import Gpu, Node, card_share
 from reservations.models import Allocation, Reservation
 
 Status = Reservation.Status
@@ -105,8 +105,7 @@ SHARE = {"unit_slices": F("gpu__compute_slices"), "card_slices": F("gpu__parent_
 
 
 def _share(item: Mapping[str, Any]) -> float:
-    card_slices = item["card_slices"]
-    return 1.0 if card_slices is None else item["unit_slices"] / max(card_slices, item["unit_slices"])
+    return float(card_share(item["unit_slices"], item["card_slices"]))
 
 
 def _hours(value: timedelta | None) -> float:

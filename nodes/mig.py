@@ -72,16 +72,13 @@ def _record_card(node: Node, card: Gpu, reported: dict[str, Any], known: dict[st
             # Back, or moved: either way the layout is new and waits for an admin.
             Gpu.objects.filter(pk=row.pk).update(gone_at=None, bookable=False, **layout)
             changed = True
-    gone = [row.pk for uuid, row in slices.items() if row.gone_at is None and uuid not in _uuids(reported)]
+    still_there = {piece["uuid"] for piece in reported["slices"]}
+    gone = [row.pk for uuid, row in slices.items() if row.gone_at is None and uuid not in still_there]
     if gone:
         Gpu.objects.filter(pk__in=gone).update(gone_at=now, bookable=False)
         mig_slices_gone.send(sender=Gpu, node=node, gpu_ids=gone, now=now)
         changed = True
     return changed
-
-
-def _uuids(reported: dict[str, Any]) -> set[str]:
-    return {piece["uuid"] for piece in reported["slices"]}
 
 
 def mig_layout_confirm(*, card: Gpu, actor: Any) -> list[Gpu]:

@@ -132,11 +132,21 @@ class Gpu(models.Model):
             return Fraction(1)
         if card is None or card.pk != self.parent_id:
             raise ValueError(f"{self} needs its card to tell its share")
-        return Fraction(self.compute_slices, max(card.compute_slices, self.compute_slices))
+        return card_share(self.compute_slices, card.compute_slices)
 
     @property
     def is_bookable(self) -> bool:
         return self.bookable and self.drained_at is None
+
+
+def card_share(unit_slices: int, card_slices: int | None) -> Fraction:
+    """What a bookable unit counts as in GPUs, from its compute slices and its card's: 1 for a card (it
+    has no card above it: ``card_slices`` None), its compute slices over its card's for a MIG slice (a
+    3g.40gb of a 7-slice card is 3/7), never more than a whole card. Limits, reports, the status cards,
+    the calendar and /metrics all count by this."""
+    if card_slices is None:
+        return Fraction(1)
+    return Fraction(unit_slices, max(card_slices, unit_slices))
 
 
 def mib_to_gb(mib: int) -> int:

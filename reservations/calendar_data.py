@@ -21,7 +21,7 @@ from django.db.models import BooleanField, CharField, ExpressionWrapper, Q, Quer
 from django.db.models.functions import Cast
 from django.urls import reverse
 
-from nodes.models import BOOKABLE_GPUS, Gpu, Node
+from nodes.models import BOOKABLE_GPUS, Gpu, Node, card_share
 from reservations.calendar_format import gpu_label, iso_from_text, iso_utc
 from reservations.constraints import TsTzRange
 from reservations.models import Allocation, MaintenanceWindow, Reservation
@@ -70,7 +70,7 @@ def calendar_resources(*, node: Node | None = None) -> list[dict[str, Any]]:
             children.setdefault(node_id, []).append(row)
         else:
             # Its share of the card, for the node's load row ("2.43/4 booked").
-            row["extendedProps"] |= {"slice": profile, "share": round(units / max(card_units or units, units), 4)}
+            row["extendedProps"] |= {"slice": profile, "share": round(float(card_share(units, card_units)), 4)}
             slices.setdefault(parent_id, []).append(row)
     for rows in children.values():
         for row in rows:

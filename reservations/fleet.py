@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from nodes.history import history_of
 from nodes.liveness import node_online
-from nodes.models import AgentState, GpuTelemetry, Node
+from nodes.models import AgentState, GpuTelemetry, Node, card_share
 from reservations import selectors
 from reservations.models import Allocation, MaintenanceWindow
 
@@ -189,7 +189,7 @@ def _add_slices(cards: dict[int, list[dict[str, Any]]], *, now: datetime, card_s
                 "id": piece.pk,
                 "profile": piece.profile,
                 "placement": piece.placement_start,
-                "share": round(piece.compute_slices / max(card_slices[piece.card_id], piece.compute_slices), 4),
+                "share": round(float(card_share(piece.compute_slices, card_slices[piece.card_id])), 4),
                 "bookable": piece.bookable,
                 "current": _slot(piece, "current"),
                 "next": _slot(piece, "next"),

@@ -10,7 +10,7 @@ from typing import NamedTuple
 from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from accounts.models import User
-from nodes.models import BOOKABLE_GPUS, Gpu, Node
+from nodes.models import BOOKABLE_GPUS, Gpu, Node, card_share
 from reservations.limits import Period
 from reservations.models import Allocation, MaintenanceWindow, Reservation
 
@@ -66,11 +66,11 @@ def held_periods(
     if exclude_reservation_id is not None:
         qs = qs.exclude(reservation_id=exclude_reservation_id)
     rows = qs.values_list(
-        "reservation_id", "start", "end", "gpu__parent_id", "gpu__compute_slices", "gpu__parent__compute_slices"
+        "reservation_id", "start", "end", "gpu__compute_slices", "gpu__parent__compute_slices"
     ).order_by()
     held: dict[tuple[int, datetime, datetime], Fraction] = {}
-    for reservation_id, row_start, row_end, parent_id, slices, card_slices in rows:
-        share = Fraction(1) if parent_id is None else Fraction(slices, max(card_slices, slices))
+    for reservation_id, row_start, row_end, slices, card_slices in rows:
+        share = card_share(slices, card_slices)  # a card has no parent: card_slices None, share 1
         key = (reservation_id, row_start, row_end)
         held[key] = held.get(key, Fraction(0)) + share
     return [Period(row_start, row_end, gpus) for (_, row_start, row_end), gpus in held.items()]
