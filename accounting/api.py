@@ -60,9 +60,16 @@ class UsageRowSerializer(serializers.Serializer):
     bookings = serializers.IntegerField()
     booked_gpu_hours = serializers.FloatField()
     used_gpu_hours = serializers.FloatField(help_text="Booked minutes whose mean utilisation reached the threshold.")
-    efficiency = serializers.FloatField(allow_null=True, help_text="used / booked; null when nothing was booked.")
+    unmeasured_gpu_hours = serializers.FloatField(
+        help_text="Booked minutes reported without a utilisation reading (MIG slices on cards without GPM)."
+    )
+    efficiency = serializers.FloatField(
+        allow_null=True, help_text="used / (booked - unmeasured); null when no booked time could be judged."
+    )
     released_early = serializers.IntegerField()
-    no_shows = serializers.IntegerField(help_text="Bookings that ended with readings but not one used minute.")
+    no_shows = serializers.IntegerField(
+        help_text="Bookings that ended with utilisation readings but not one used minute."
+    )
     no_show_gpu_hours = serializers.FloatField()
 
 
@@ -72,6 +79,7 @@ class UsageReportSerializer(serializers.Serializer):
     by = serializers.ChoiceField(choices=DIMENSIONS)
     used_threshold_pct = serializers.IntegerField()
     rows = UsageRowSerializer(many=True)
+    has_unmeasured = serializers.BooleanField(help_text="Whether any row has unmeasured GPU-hours.")
     total = UsageRowSerializer(allow_null=True, help_text="Null when rows may overlap (by group).")
 
 
@@ -97,6 +105,7 @@ def report_payload(*, start: datetime, end: datetime, by: str, viewer: Any) -> d
         "by": by,
         "used_threshold_pct": settings.USAGE_USED_THRESHOLD_PCT,
         "rows": [row.as_dict() for row in report.rows],
+        "has_unmeasured": report.has_unmeasured,
         "total": None if by == "group" else report.total.as_dict(),
     }
 

@@ -23,6 +23,11 @@ class UsageHour(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     minutes_reported = models.PositiveSmallIntegerField(help_text="Minutes with at least one reading.")
+    minutes_measured = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="Minutes with at least one utilisation reading: a MIG slice on a card without GPM reports "
+        "memory and processes but no utilisation, so its minutes are reported and not measured.",
+    )
     used_minutes = models.PositiveSmallIntegerField(
         help_text="Minutes whose mean utilisation reached USAGE_USED_THRESHOLD_PCT."
     )

@@ -25,6 +25,7 @@ CSV_COLUMNS = (
     ("bookings", "bookings"),
     ("booked_gpu_hours", "booked GPU-hours"),
     ("used_gpu_hours", "used GPU-hours"),
+    ("unmeasured_gpu_hours", "unmeasured GPU-hours"),
     ("efficiency", "efficiency"),
     ("released_early", "released early"),
     ("no_shows", "no-shows"),

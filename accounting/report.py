@@ -5,10 +5,13 @@ For each row (a person, a group, a node or a GPU):
   booking counts until its release);
 - used GPU-hours: the booked minutes whose mean utilisation reached USAGE_USED_THRESHOLD_PCT
   (accounting.UsageHour, rolled up from the agents' telemetry);
-- efficiency: used / booked;
+- unmeasured GPU-hours: minutes reported without any utilisation reading: MIG slices on cards
+  NVML cannot measure per slice (no GPM: A100, A30), neither used nor idle as far as anyone knows;
+- efficiency: used / (booked - unmeasured), the share of the time that could be judged;
 - released early: bookings released before their end during the period;
-- no-shows: bookings that ended in the period with readings from their GPUs but not one used
-  minute. A booking whose node reported nothing is not counted either way: nobody knows.
+- no-shows: bookings that ended in the period with utilisation readings from their GPUs but not
+  one used minute. A booking whose node reported no utilisation is not counted either way:
+  nobody knows.
 
 And the demand by hour of the week: booked GPU-hours (approved and pending) falling into each
 hour of the week, in the reader's time zone.
@@ -55,13 +58,15 @@ class ReportRow:
     bookings: int = 0
     booked_gpu_hours: float = 0.0
     used_gpu_hours: float = 0.0
+    unmeasured_gpu_hours: float = 0.0
     released_early: int = 0
     no_shows: int = 0
     no_show_gpu_hours: float = 0.0
 
     @property
     def efficiency(self) -> float | None:
-        return self.used_gpu_hours / self.booked_gpu_hours if self.booked_gpu_hours else None
+        judged = self.booked_gpu_hours - self.unmeasured_gpu_hours
+        return min(1.0, self.used_gpu_hours / judged) if judged > 0 else None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -70,6 +75,7 @@ class ReportRow:
             "bookings": self.bookings,
             "booked_gpu_hours": round(self.booked_gpu_hours, 2),
             "used_gpu_hours": round(self.used_gpu_hours, 2),
+            "unmeasured_gpu_hours": round(self.unmeasured_gpu_hours, 2),
             "efficiency": None if self.efficiency is None else round(self.efficiency, 4),
             "released_early": self.released_early,
             "no_shows": self.no_shows,
@@ -85,6 +91,10 @@ class Report:
     rows: list[ReportRow] = field(default_factory=list)
 
     @property
+    def has_unmeasured(self) -> bool:
+        return any(row.unmeasured_gpu_hours > 0 for row in self.rows)
+
+    @property
     def total(self) -> ReportRow:
         total = ReportRow(key=None, label="All")
         if self.by == "group":  # a person in two groups appears in both: a sum would count them twice
@@ -93,6 +103,7 @@ class Report:
             total.bookings += row.bookings
             total.booked_gpu_hours += row.booked_gpu_hours
             total.used_gpu_hours += row.used_gpu_hours
+            total.unmeasured_gpu_hours += row.unmeasured_gpu_hours
             total.released_early += row.released_early
             total.no_shows += row.no_shows
             total.no_show_gpu_hours += row.no_show_gpu_hours
@@ -104,7 +115,8 @@ class Report:
 SHARE = {"unit_slices": F("gpu__compute_slices"), "card_slices": F("gpu__parent__compute_slices")}
 
 
-def _share(item: Mapping[str, Any]) -> float:
+def share_of(item: Mapping[str, Any]) -> float:
+    """The share of a card a row grouped by ``SHARE`` counts as."""
     return float(card_share(item["unit_slices"], item["card_slices"]))
 
 
@@ -150,23 +162,27 @@ def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: d
         target.bookings, target.released_early = item["bookings"], item["released"]
     # GPU-hours count a MIG slice by its share of its card: grouped by share too, weighted here.
     for booked in allocations.values(key=F(_ALLOCATION_KEY[by]), **SHARE).annotate(booked=Sum(overlap)).order_by():
-        row(booked["key"]).booked_gpu_hours += _hours(booked["booked"]) * _share(booked)
+        row(booked["key"]).booked_gpu_hours += _hours(booked["booked"]) * share_of(booked)
 
-    for used_item in usage.values(key=F(_USAGE_KEY[by]), **SHARE).annotate(used=Sum("used_minutes")).order_by():
-        row(used_item["key"]).used_gpu_hours += (used_item["used"] or 0) / 60 * _share(used_item)
+    unmeasured = Sum(F("minutes_reported") - F("minutes_measured"))
+    per_share = usage.values(key=F(_USAGE_KEY[by]), **SHARE)
+    for used_item in per_share.annotate(used=Sum("used_minutes"), unmeasured=unmeasured).order_by():
+        target, share = row(used_item["key"]), share_of(used_item)
+        target.used_gpu_hours += (used_item["used"] or 0) / 60 * share
+        target.unmeasured_gpu_hours += (used_item["unmeasured"] or 0) / 60 * share
 
-    reported = UsageHour.objects.filter(reservation=OuterRef("reservation"), minutes_reported__gt=0)
+    measured = UsageHour.objects.filter(reservation=OuterRef("reservation"), minutes_measured__gt=0)
     used = UsageHour.objects.filter(reservation=OuterRef("reservation"), used_minutes__gt=0)
     no_shows = (
         allocations.filter(reservation__end__gt=start, reservation__end__lte=min(end, now))
-        .filter(Exists(reported))
+        .filter(Exists(measured))
         .exclude(Exists(used))
     )
     no_show_counts = no_shows.values(key=F(_ALLOCATION_KEY[by])).annotate(count=Count("reservation", distinct=True))
     for no_show in no_show_counts.order_by():
         row(no_show["key"]).no_shows = no_show["count"]
     for missed in no_shows.values(key=F(_ALLOCATION_KEY[by]), **SHARE).annotate(booked=Sum(overlap)).order_by():
-        row(missed["key"]).no_show_gpu_hours += _hours(missed["booked"]) * _share(missed)
+        row(missed["key"]).no_show_gpu_hours += _hours(missed["booked"]) * share_of(missed)
 
     _label(rows, by)
     ordered = sorted(rows.values(), key=lambda r: (-r.booked_gpu_hours, r.label))
@@ -231,7 +247,7 @@ def demand_by_hour_of_week(*, start: datetime, end: datetime, viewer: Any, zone:
     steps = [0.0] * (QUARTERS_PER_WEEK + 1)
     whole_weeks = 0.0
     for group in groups:
-        count = group["count"] * _share(group)  # GPUs: a MIG slice as its share of a card
+        count = group["count"] * share_of(group)  # GPUs: a MIG slice as its share of a card
         offset = ((group["weekday"] - 1) * 24 + group["hour"]) * 3600 + group["minute"] * 60
         weeks, rest = divmod(group["length"].total_seconds(), WEEK_SECONDS)
         whole_weeks += int(weeks) * count

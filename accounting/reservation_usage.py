@@ -1,8 +1,8 @@
 """A booking's usage so far, for its page (a part registered in ``AccountingConfig.ready``).
 
 The same figures as the usage report (accounting/report.py), for one booking: booked GPU-hours up to
-now (approved time only, a released booking until its release), used GPU-hours from the rolled-up
-``UsageHour`` rows, and their ratio, the efficiency.
+now (approved time only, a released booking until its release), used and unmeasured GPU-hours from the
+rolled-up ``UsageHour`` rows, and the efficiency over the time that could be judged.
 """
 
 from __future__ import annotations
@@ -14,15 +14,17 @@ from django.conf import settings
 from django.db.models import Max, Sum
 
 from accounting.models import UsageHour
+from accounting.report import SHARE, share_of
 from reservations.models import Reservation
 
 
 def reservation_usage(*, reservation: Reservation, viewer: Any, now: datetime) -> dict[str, Any] | None:
     """The usage part's context, or None (no part) for a booking cancelled or rejected before any use.
-    Rows exist only for approved time that has begun."""
-    totals = UsageHour.objects.filter(reservation=reservation).aggregate(
-        used=Sum("used_minutes"),
+    Rows exist only for approved time that has begun. GPU-hours count a MIG slice by its share of its card."""
+    hours = UsageHour.objects.filter(reservation=reservation)
+    totals = hours.aggregate(
         reported=Sum("minutes_reported"),
+        measured=Sum("minutes_measured"),
         utilization_sum=Sum("utilization_sum"),
         utilization_samples=Sum("utilization_samples"),
         peak_mib=Max("memory_used_max_mib"),
@@ -30,20 +32,31 @@ def reservation_usage(*, reservation: Reservation, viewer: Any, now: datetime) -
     )
     if not totals["reported"] and reservation.status in (Reservation.Status.CANCELLED, Reservation.Status.REJECTED):
         return None
-    booked_seconds = 0.0
+    used = unmeasured = reported = 0.0
+    per_share = hours.values(**SHARE)
+    for per_unit in per_share.annotate(
+        used=Sum("used_minutes"), reported=Sum("minutes_reported"), measured=Sum("minutes_measured")
+    ):
+        share = share_of(per_unit) / 60
+        used += per_unit["used"] * share
+        reported += per_unit["reported"] * share
+        unmeasured += (per_unit["reported"] - per_unit["measured"]) * share
+    booked = 0.0
     if reservation.status == Reservation.Status.APPROVED:
-        for allocation in reservation.allocations.all():
+        for allocation in reservation.allocations.select_related("gpu__parent"):
             if allocation.active:
-                booked_seconds += max(0.0, (min(allocation.end, now) - allocation.start).total_seconds())
-    booked = booked_seconds / 3600
-    used = (totals["used"] or 0) / 60
+                seconds = max(0.0, (min(allocation.end, now) - allocation.start).total_seconds())
+                booked += seconds / 3600 * float(allocation.gpu.share_of(allocation.gpu.parent))
     samples = totals["utilization_samples"] or 0
+    judged = booked - unmeasured
     return {
         "has_usage": bool(totals["reported"]),
+        "measured": bool(totals["measured"]),
         "booked_gpu_hours": booked,
         "used_gpu_hours": used,
-        "reported_gpu_hours": (totals["reported"] or 0) / 60,
-        "efficiency": used / booked if booked else None,
+        "unmeasured_gpu_hours": unmeasured,
+        "reported_gpu_hours": reported,
+        "efficiency": min(1.0, used / judged) if judged > 0 else None,
         "mean_utilization_pct": totals["utilization_sum"] / samples if samples else None,
         "peak_memory_gb": None if totals["peak_mib"] is None else totals["peak_mib"] / 1024,
         "last_hour": totals["last_hour"],

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Max, Min, OuterRef, Subquery, Sum
+from django.db.models import Count, Max, Min, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
@@ -64,6 +64,7 @@ def rollup(*, since: datetime, until: datetime) -> int:
         .values("gpu_id", "in_hour", "held_by", "holder_id")
         .annotate(
             minutes=Count("id"),
+            measured=Count("id", filter=Q(utilization_samples__gt=0)),
             used_minutes=Count("id", filter=used),
             utilization=Sum("utilization_sum"),
             samples=Sum("utilization_samples"),
@@ -78,6 +79,7 @@ def rollup(*, since: datetime, until: datetime) -> int:
             reservation_id=row["held_by"],
             user_id=row["holder_id"],
             minutes_reported=row["minutes"],
+            minutes_measured=row["measured"],
             used_minutes=row["used_minutes"],
             utilization_sum=row["utilization"] or 0,
             utilization_samples=row["samples"] or 0,

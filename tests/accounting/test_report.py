@@ -20,13 +20,16 @@ DAY_START, DAY_END = at(-9), at(15)  # Monday 2030-01-07, 00:00 to 24:00 UTC
 
 
 def minutes(gpu, first, count, utilization):
+    """``count`` minutes of readings from ``first``; ``utilization`` None: readings without one, as a MIG slice on a
+    card without GPM sends."""
+    measured = 0 if utilization is None else 12
     GpuMinute.objects.bulk_create(
         GpuMinute(
             gpu=gpu,
             minute=first + timedelta(minutes=i),
             samples=12,
-            utilization_samples=12,
-            utilization_sum=12 * utilization,
+            utilization_samples=measured,
+            utilization_sum=measured * (utilization or 0),
             memory_used_max_mib=1000,
         )
         for i in range(count)
@@ -69,6 +72,7 @@ def test_per_person_booked_used_efficiency_releases_and_no_shows(day, carol):
         "bookings": 2,
         "booked_gpu_hours": 5.0,  # 2 GPUs x 2 h, and 1 h until the release
         "used_gpu_hours": 2.0,  # GPU 0 for an hour; GPU 3 for an hour
+        "unmeasured_gpu_hours": 0.0,
         "efficiency": 0.4,
         "released_early": 1,
         "no_shows": 0,
@@ -159,3 +163,29 @@ def test_a_mig_slice_counts_as_its_share_of_a_card_in_reports_and_demand(alice, 
     demand = demand_by_hour_of_week(start=at(0), end=at(24), viewer=carol, zone="UTC")
     monday = demand[0]
     assert (monday[10], monday[11]) == (round(1 + 3 / 7, 2), round(3 / 7, 2))  # MONDAY_9 + 1 h = 10:00
+
+
+def test_slice_time_without_utilisation_is_unmeasured_not_idle(alice, bob, carol, clock, gpus):
+    """On an A100 (no GPM) slices report memory and processes but no utilisation: their time is unmeasured,
+    left out of efficiency and never a no-show; a slice whose card measures it is judged as a card is."""
+    slices = carve_mig(gpus[0])
+    unmeasured = book(alice, [slices[0]], at(1), at(3))  # 3g of 7 slices, 2 hours, no utilisation reported
+    book(alice, [gpus[1]], at(1), at(2))  # a whole card, used for its hour
+    idle = book(bob, [slices[1]], at(1), at(2))  # 2g, measured and idle
+    minutes(slices[0], at(1), 120, utilization=None)
+    minutes(gpus[1], at(1), 60, utilization=90)
+    minutes(slices[1], at(1), 60, utilization=0)
+    clock.move_to(at(4))
+    rollup(since=at(0), until=at(4))
+
+    rows = by_label(usage_report(start=at(0), end=at(24), by="user", viewer=carol, now=at(4)))
+    alice_row, bob_row = rows["alice"], rows["bob"]
+    assert alice_row["unmeasured_gpu_hours"] == round(2 * 3 / 7, 2)
+    assert alice_row["used_gpu_hours"] == 1.0
+    assert alice_row["efficiency"] == 1.0  # the one hour that could be judged was used
+    assert alice_row["no_shows"] == 0  # nobody knows whether the slice was used
+    assert (bob_row["no_shows"], bob_row["no_show_gpu_hours"]) == (1, round(2 / 7, 2))
+    assert bob_row["unmeasured_gpu_hours"] == 0.0
+    assert usage_report(start=at(0), end=at(24), by="user", viewer=carol, now=at(4)).has_unmeasured
+    assert [hour.minutes_measured for hour in UsageHour.objects.filter(reservation=unmeasured)] == [0, 0]
+    assert UsageHour.objects.get(reservation=idle).minutes_measured == 60

@@ -79,10 +79,11 @@ def test_the_csv_has_the_tables_rows(day, carol):  # noqa: F811
         "bookings",
         "booked GPU-hours",
         "used GPU-hours",
+        "unmeasured GPU-hours",
         "efficiency",
         "released early",
         "no-shows",
         "no-show GPU-hours",
     ]
-    assert ["alice", "2", "5.0", "2.0", "0.4", "1", "0", "0.0"] in rows
+    assert ["alice", "2", "5.0", "2.0", "0.0", "0.4", "1", "0", "0.0"] in rows
     assert page_for(carol).get("/reports/usage.csv", {"start": "bad"}).status_code == 400

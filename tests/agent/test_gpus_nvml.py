@@ -7,6 +7,7 @@ arguments the real library would refuse, so the backend is tested on the exact c
 
 from __future__ import annotations
 
+import ctypes
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,9 @@ class FakeGpu:
     max_mig_devices: int = 7
     mig_devices: dict[int, FakeMig] = field(default_factory=dict)
     gpu_instances: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    # GPM (Hopper and newer): each GPU instance's busy time so far, in ms of the card's GPM clock.
+    gpm: bool = False
+    gpm_busy_ms: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,6 +103,9 @@ class FakeNvml:
         self.init_error: int | None = None
         self.failing: dict[str, int] = {}  # for the functions that take no handle
         self.mig_lookups: list[int] = []  # the MIG device indices that found a device
+        self.gpm_clock_ms = 0.0
+        # Live GPM samples by address: their buffer, and once taken (card, GPU instance, clock, busy time).
+        self.gpm_samples: dict[int, tuple[Any, tuple[FakeGpu, int, float, float] | None]] = {}
 
     @property
     def running(self) -> bool:
@@ -273,6 +280,57 @@ class FakeNvml:
             placements[i].start, placements[i].size = start, size
         count.value = len(allowed)
         return pynvml.NVML_SUCCESS
+
+    # -- GPM, as NVML documents it: samples are allocated, taken and freed by the caller ----------------
+
+    def nvmlGpmQueryDeviceSupport(self, gpu: FakeGpu) -> pynvml.c_nvmlGpmSupport_t:
+        self._check("nvmlGpmQueryDeviceSupport", gpu)
+        return pynvml.c_nvmlGpmSupport_t(version=pynvml.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(gpu.gpm))
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._check("nvmlGpmSampleAlloc")
+        buffer = ctypes.create_string_buffer(16)
+        sample = ctypes.cast(buffer, pynvml.c_nvmlGpmSample_t)
+        self.gpm_samples[ctypes.addressof(buffer)] = (buffer, None)
+        return sample
+
+    def _gpm_address(self, sample: Any) -> int:
+        address = ctypes.cast(sample, ctypes.c_void_p).value
+        if address not in self.gpm_samples:  # freed twice, or never allocated
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return address
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self._check("nvmlGpmSampleFree")
+        del self.gpm_samples[self._gpm_address(sample)]
+
+    def nvmlGpmMigSampleGet(self, gpu: FakeGpu, gpu_instance_id: int, sample: Any) -> Any:
+        self._check("nvmlGpmMigSampleGet", gpu)
+        if not gpu.gpm or isinstance(gpu, FakeMig):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if gpu_instance_id not in gpu.gpu_instances:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        address = self._gpm_address(sample)
+        taken = (gpu, gpu_instance_id, self.gpm_clock_ms, gpu.gpm_busy_ms.get(gpu_instance_id, 0.0))
+        self.gpm_samples[address] = (self.gpm_samples[address][0], taken)
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: pynvml.c_nvmlGpmMetricsGet_t) -> pynvml.c_nvmlGpmMetricsGet_t:
+        self._check("nvmlGpmMetricsGet")
+        if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise nvml_error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        first = self.gpm_samples[self._gpm_address(request.sample1)][1]
+        second = self.gpm_samples[self._gpm_address(request.sample2)][1]
+        if first is None or second is None or first[:2] != second[:2] or second[2] <= first[2]:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        for index in range(request.numMetrics):
+            metric = request.metrics[index]
+            if metric.metricId == pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL:
+                metric.value = 100.0 * (second[3] - first[3]) / (second[2] - first[2])
+                metric.nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return request
 
 
 def _process(pid: int, used_mib: int | None) -> pynvml.nvmlFriendlyObject:
@@ -674,3 +732,83 @@ def test_a_card_whose_mig_state_cannot_be_read_at_all_is_taken_as_a_card_without
     assert backend.mig_cards() == []
     assert [gpu.uuid for gpu in backend.gpus()] == [UUID_B, UUID_A]
     backend.close()
+
+
+# -- a slice's utilisation from GPM ---------------------------------------------------------------------------
+
+
+def _tick(fake: FakeNvml, busy_ms: dict[int, float], elapsed_ms: float = 1000.0) -> None:
+    """Time passes on the card: each GPU instance is busy for the given part of it."""
+    fake.gpm_clock_ms += elapsed_ms
+    for gpu_instance, busy in busy_ms.items():
+        fake.gpus[0].gpm_busy_ms[gpu_instance] = fake.gpus[0].gpm_busy_ms.get(gpu_instance, 0.0) + busy
+
+
+def test_on_a_card_with_gpm_each_slice_reads_its_gpu_instances_utilisation_from_the_second_tick(mig_nvml, tmp_path):
+    mig_nvml.gpus[0].gpm = True  # an H100: GPM samples each GPU instance
+    backend = _open_mig(tmp_path)
+    try:
+        first = _by_uuid(backend)
+        assert first[MIG_3G].utilization_pct is None and "utilization_pct" in first[MIG_3G].missing
+
+        _tick(mig_nvml, {2: 620.0, 3: 0.0})
+        second = _by_uuid(backend)
+        assert second[MIG_3G].utilization_pct == 62
+        assert "utilization_pct" not in second[MIG_3G].missing
+        # The two compute instances of GPU instance 3 read their instance's figure.
+        assert (second[MIG_1C_A].utilization_pct, second[MIG_1C_B].utilization_pct) == (0, 0)
+        assert second[UUID_B].utilization_pct == 42  # a card without MIG still reads NVML's utilisation
+
+        _tick(mig_nvml, {2: 100.0, 3: 250.0}, elapsed_ms=500.0)
+        third = _by_uuid(backend)
+        assert (third[MIG_3G].utilization_pct, third[MIG_1C_A].utilization_pct) == (20, 50)
+        assert len(mig_nvml.gpm_samples) == 3  # one kept per slice; the older ones freed
+    finally:
+        backend.close()
+    assert mig_nvml.gpm_samples == {}  # closing frees the rest
+
+
+def test_a_destroyed_slices_gpm_sample_is_freed(mig_nvml, tmp_path):
+    mig_nvml.gpus[0].gpm = True
+    backend = _open_mig(tmp_path)
+    try:
+        backend.sample()
+        del mig_nvml.gpus[0].mig_devices[0]  # nvidia-smi mig -dci / -dgi of the 3g.40gb
+        backend.mig_cards()
+        _tick(mig_nvml, {3: 1000.0})
+        samples = _by_uuid(backend)
+        assert MIG_3G not in samples and samples[MIG_1C_A].utilization_pct == 100
+        assert len(mig_nvml.gpm_samples) == 2
+    finally:
+        backend.close()
+
+
+def test_on_a_card_without_gpm_a_slices_utilisation_stays_missing(mig_nvml, tmp_path):
+    backend = _open_mig(tmp_path)  # an A100: no GPM
+    try:
+        backend.sample()
+        _tick(mig_nvml, {2: 500.0})
+        sample = _by_uuid(backend)[MIG_3G]
+    finally:
+        backend.close()
+
+    assert sample.utilization_pct is None and "utilization_pct" in sample.missing
+    assert mig_nvml.gpm_samples == {}  # nothing was sampled
+
+
+def test_a_failing_gpm_sample_costs_only_the_utilisation(mig_nvml, tmp_path):
+    mig_nvml.gpus[0].gpm = True
+    mig_nvml.gpus[0].failing["nvmlGpmMigSampleGet"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    backend = _open_mig(tmp_path)
+    try:
+        sample = _by_uuid(backend)[MIG_3G]
+        assert sample.utilization_pct is None and "utilization_pct" in sample.missing
+        assert sample.memory_used_mib == 1024 and sample.processes
+        assert mig_nvml.gpm_samples == {}  # the failed sample was freed
+
+        del mig_nvml.gpus[0].failing["nvmlGpmMigSampleGet"]
+        backend.sample()
+        _tick(mig_nvml, {2: 250.0})
+        assert _by_uuid(backend)[MIG_3G].utilization_pct == 25
+    finally:
+        backend.close()

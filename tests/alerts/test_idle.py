@@ -17,6 +17,7 @@ from nodes.models import GpuMinute
 from notifications.models import Kind, Notification
 from notifications.services import outbox_drain
 from tests.conftest import at
+from tests.factories import carve_mig
 from tests.mailserver import text_of
 
 
@@ -81,6 +82,24 @@ def test_a_gpu_that_reported_too_little_is_not_called_idle(booking, gpus):
     minutes(gpus[0], at(1) + timedelta(minutes=20), 20, utilization=0)  # 20 of the last 30 minutes
     minutes(gpus[1], at(1), 5, utilization=0)
     assert alerts_check_idle(now=timezone.now()).opened == []
+
+
+def test_a_slice_is_called_idle_from_its_utilisation_and_never_without_one(bob, gpus, clock, booked):
+    """A slice on a card with GPM reports utilisation and is judged like a card; one on a card without GPM (an
+    A100) reports none, and nobody can say it is idle."""
+    slices = carve_mig(gpus[2])
+    measured = booked(bob, [slices[0]], at(1), at(4))
+    booked(bob, [slices[1]], at(1), at(4))
+    clock.move_to(at(1, 0) + timedelta(minutes=40), tick=False)
+    minutes(slices[0], at(1), 40, utilization=1)
+    for i in range(40):  # readings every minute, none with a utilisation
+        GpuMinute.objects.create(gpu=slices[1], minute=at(1) + timedelta(minutes=i), samples=12)
+
+    run = alerts_check_idle(now=timezone.now())
+
+    (alert,) = Alert.objects.filter(kind="idle")
+    assert run.opened == [alert.pk]
+    assert (alert.gpu, alert.reservation_id) == (slices[0], measured.pk)
 
 
 def test_auto_release_releases_an_idle_booking_after_telling_its_holder(booking, gpus, smtp_server, settings, clock):

@@ -20,7 +20,7 @@ from reservations.services import (
 )
 from tests.api_helpers import client_for
 from tests.conftest import at
-from tests.factories import node_with_gpus
+from tests.factories import carve_mig, node_with_gpus
 from tests.mailserver import html_of, text_of
 
 pytestmark = pytest.mark.usefixtures("clock")
@@ -189,6 +189,24 @@ def test_usage_so_far_comes_from_the_rolled_up_hours(alice, node, gpus, clock):
     assert "45 %" in usage  # mean utilisation over both GPUs' readings
     assert "40.0 GB" in usage
     assert "No usage yet" not in usage
+
+
+def test_a_slice_counts_its_share_and_says_when_its_card_cannot_measure_it(alice, node, gpus, clock):
+    slices = carve_mig(gpus[0])  # slices[0] is a 3g of a 7-slice card
+    booking = reservation_create(user=alice, gpus=[slices[0]], start=at(1), end=at(3))
+    clock.move_to(at(1) + timedelta(minutes=42))
+    for minute in range(42):  # an A100 has no GPM: memory and processes, no utilisation
+        sample = {"uuid": slices[0].uuid, "utilization_pct": None, "memory_used_mib": 2048, "processes": []}
+        telemetry_record(
+            node=node, samples=[sample | {"missing": ["utilization_pct"]}], now=at(1) + timedelta(minutes=minute)
+        )
+    rollup(since=at(1), until=at(1) + timedelta(minutes=42))
+
+    usage = section(shown(alice, booking), "usage")
+    assert "<strong>0.00</strong> of 0.30 GPU-hours booked so far" in usage  # 42 min x 3/7
+    assert "not measured" in usage
+    assert "0.30 GPU-hours: this MIG slice's card reports no utilisation per slice" in usage
+    assert "<strong>0 %</strong>" not in usage  # no efficiency from time nobody could judge
 
 
 # --- who sees it ----------------------------------------------------------------------------

@@ -10,9 +10,10 @@ device handles under each card by index up to ``nvmlDeviceGetMaxMigDeviceCount``
 compute instance answers NOT_FOUND: the index space has holes), each with its GPU- and compute-instance
 ids, its GPU instance's placement and profile, and the capability files mig-minors numbers for them. The
 layout is read again on every call: instances are created and destroyed while the agent runs, and NVML
-hands a destroyed instance's handle to new ones. Telemetry samples each slice on its own handle too.
+hands a destroyed instance's handle to new ones. Telemetry samples each slice on its own handle too, and
+its utilisation, which NVML gives no MIG device, from GPM where the card has it (gpm.py).
 
-This is the only module in the agent that imports pynvml.
+This module and gpm.py are the only ones in the agent that import pynvml.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import pynvml
 
 from gpubook_agent.gpus import mig
 from gpubook_agent.gpus.base import BackendUnavailable, GpuInfo, GpuProcess, GpuSample
+from gpubook_agent.gpus.gpm import GpmMeter
 from gpubook_agent.gpus.mig import MigCardInfo, MigSliceInfo
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,7 @@ class NvmlBackend:
         self._layout_lock = threading.Lock()
         self._layout: list[MigCardInfo] = []
         self._slice_handles: dict[str, Any] = {}
+        self._gpm = GpmMeter()
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as error:
@@ -345,12 +348,29 @@ class NvmlBackend:
 
     def sample(self) -> list[GpuSample]:
         """Every card, then every slice on its own handle: NVML gives a MIG device its own memory and processes
-        (temperature, power and ECC only for the card: those read NOT_SUPPORTED, named missing)."""
+        (temperature, power and ECC only for the card: those read NOT_SUPPORTED, named missing), and its
+        utilisation from GPM where the card has it."""
         with self._layout_lock:
-            slices = [(item.uuid, self._slice_handles[item.uuid]) for card in self._layout for item in card.slices]
+            slices = [(item, self._slice_handles[item.uuid]) for card in self._layout for item in card.slices]
         samples = [self._sample_one(gpu.uuid, self._handles[gpu.uuid]) for gpu in self._gpus]
-        samples.extend(self._sample_one(uuid, handle) for uuid, handle in slices)
+        self._gpm.keep_only({item.uuid for item, _ in slices})
+        samples.extend(self._slice_utilization(item, self._sample_one(item.uuid, handle)) for item, handle in slices)
         return samples
+
+    def _slice_utilization(self, item: MigSliceInfo, sample: GpuSample) -> GpuSample:
+        """The slice's sample with its GPU instance's GPM utilisation, where NVML gave none and the card has GPM."""
+        card_handle = self._handles[item.card]
+        if sample.utilization_pct is not None or not self._gpm.supported(item.card, card_handle):
+            return sample
+        try:
+            value = self._gpm.utilization(item.uuid, card_handle, item.gpu_instance_id)
+        except NVML_ERRORS as error:
+            self._note_failure(item.uuid, "GPM utilisation", error)
+            return sample
+        if value is None:  # the slice's first tick: nothing to compare with yet
+            return sample
+        missing = tuple(field for field in sample.missing if field != "utilization_pct")
+        return replace(sample, utilization_pct=round(value), missing=missing)
 
     def _sample_one(self, uuid: str, handle: Any) -> GpuSample:
         missing: list[str] = []
@@ -431,6 +451,7 @@ class NvmlBackend:
         if not self._running:
             return
         self._running = False
+        self._gpm.close()
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as error:
