@@ -93,6 +93,8 @@ INSTALLED_APPS = [
     "accounting",
     "feeds",
     "alerts",
+    "fairshare",
+    "waitlist",
     "metrics",
 ]
 

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class FairshareConfig(AppConfig):
+    name = "fairshare"
+    verbose_name = "Fair share"

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class WaitlistConfig(AppConfig):
+    name = "waitlist"
+    verbose_name = "Waitlist"
