@@ -36,11 +36,33 @@ from celery import Celery
 from kombu.utils.uuid import uuid
 
 from gpubook_agent import protocol
+from gpubook_agent.config import AgentConfig, config_from_values
 from gpubook_agent.gpus.simulated import simulated_uuid
 from gpubook_agent.protocol import APPLY_SNAPSHOT_TASK
 from gpubook_agent.signing import signed
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def simulated_node_config(home: Path, *, grace: float, **extra: str) -> AgentConfig:
+    """The config of a simulated two-GPU node living under ``home`` (state and device files), whose portal and
+    broker are never contacted: for tests that drive the enforcer in-process. ``extra`` adds or overrides keys
+    (SIMULATED_MIG, say)."""
+    return config_from_values(
+        {
+            "NODE_NAME": f"test-{secrets.token_hex(4)}",
+            "BROKER_URL": "redis://127.0.0.1:1/0",
+            "PORTAL_URL": "https://127.0.0.1:1",  # never contacted here
+            "AGENT_TOKEN": "gpn_test",
+            "LEASE_SECRET": secrets.token_hex(32),
+            "STATE_DIR": str(home / "state"),
+            "DEVICE_DIR": str(home / "dev"),
+            "BACKEND": "simulated",
+            "SIMULATED_GPUS": "2",
+            "GRACE_SECONDS": str(grace),
+            **extra,
+        }
+    )
 
 
 def getfacl(path: str) -> str:

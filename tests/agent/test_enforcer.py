@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 
 from gpubook_agent.accounts import AccountCheck
-from gpubook_agent.config import AgentConfig, config_from_values
+from gpubook_agent.config import AgentConfig
 from gpubook_agent.enforcer import Enforcer
 from gpubook_agent.gpus import open_backend
 from gpubook_agent.signing import signed
 from gpubook_agent.store import SnapshotStore
-from tests.agent.harness import acl_users, lease
+from tests.agent.harness import acl_users, lease, simulated_node_config
 
 T0 = datetime(2030, 5, 6, 9, 0, tzinfo=UTC)
 T1 = T0 + timedelta(hours=1)
@@ -96,20 +96,7 @@ def node() -> Iterator[Node]:
     home = Path(tempfile.mkdtemp(prefix="gpbt-enforcer-", dir="/tmp"))
     try:
         home.chmod(0o755)
-        config = config_from_values(
-            {
-                "NODE_NAME": f"test-{secrets.token_hex(4)}",
-                "BROKER_URL": "redis://127.0.0.1:1/0",
-                "PORTAL_URL": "https://127.0.0.1:1",  # never contacted here
-                "AGENT_TOKEN": "gpn_test",
-                "LEASE_SECRET": secrets.token_hex(32),
-                "STATE_DIR": str(home / "state"),
-                "DEVICE_DIR": str(home / "dev"),
-                "BACKEND": "simulated",
-                "SIMULATED_GPUS": "2",
-                "GRACE_SECONDS": str(GRACE),
-            }
-        )
+        config = simulated_node_config(home, grace=GRACE)
         backend = open_backend("simulated", device_dir=config.device_dir, node_name=config.node_name, simulated_gpus=2)
         store = SnapshotStore(config.state_dir)
         clock = Clock(T0)

@@ -8,7 +8,6 @@ checker's work directly, with a clock they set.
 
 from __future__ import annotations
 
-import secrets
 import shutil
 import signal
 import subprocess
@@ -22,13 +21,13 @@ from typing import Any
 import pytest
 
 from gpubook_agent.accounts import AccountCheck
-from gpubook_agent.config import AgentConfig, config_from_values
+from gpubook_agent.config import AgentConfig
 from gpubook_agent.enforcer import Enforcer
 from gpubook_agent.gpus import MigSliceInfo, open_configured_backend
 from gpubook_agent.gpus.simulated import SimulatedBackend, simulated_mig_uuid
 from gpubook_agent.signing import signed
 from gpubook_agent.store import SnapshotStore
-from tests.agent.harness import acl_users, lease
+from tests.agent.harness import acl_users, lease, simulated_node_config
 
 T0 = datetime(2030, 5, 6, 9, 0, tzinfo=UTC)
 T1 = T0 + timedelta(hours=1)
@@ -92,22 +91,7 @@ def node(unix_users) -> Iterator[MigNode]:
     home = Path(tempfile.mkdtemp(prefix="gpbt-mig-", dir="/tmp"))
     try:
         home.chmod(0o755)
-        config = config_from_values(
-            {
-                "NODE_NAME": f"test-{secrets.token_hex(4)}",
-                "BROKER_URL": "redis://127.0.0.1:1/0",
-                "PORTAL_URL": "https://127.0.0.1:1",  # never contacted here
-                "AGENT_TOKEN": "gpn_test",
-                "LEASE_SECRET": secrets.token_hex(32),
-                "STATE_DIR": str(home / "state"),
-                "DEVICE_DIR": str(home / "dev"),
-                "BACKEND": "simulated",
-                "SIMULATED_GPUS": "2",
-                "SIMULATED_MEMORY_MIB": "81920",
-                "SIMULATED_MIG": LAYOUT,
-                "GRACE_SECONDS": str(GRACE),
-            }
-        )
+        config = simulated_node_config(home, grace=GRACE, SIMULATED_MEMORY_MIB="81920", SIMULATED_MIG=LAYOUT)
         backend = open_configured_backend(config)
         assert isinstance(backend, SimulatedBackend)
         store = SnapshotStore(config.state_dir)
