@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from accounts.me_parts import me_parts
 from kernel.fields import AwareDateTimeField
 
 
@@ -20,6 +21,10 @@ class MeSerializer(serializers.Serializer):
     weekly_gpu_hours = LimitUsageSerializer(help_text="GPU-hours in the busiest 7 days around now.")
     max_slot_hours = serializers.FloatField(allow_null=True)
     max_days_ahead = serializers.IntegerField(allow_null=True)
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        """Plus the fields apps above accounts add (accounts/me_parts.py)."""
+        return super().get_fields() | me_parts.fields()
 
 
 class ApiTokenSerializer(serializers.Serializer):

@@ -80,6 +80,10 @@ def owner_description(booking: FeedBooking, context: FeedContext) -> str:
         Status.REJECTED: "rejected",
     }[Status(booking.status)]
     lines = [f"Reservation #{booking.id}, {state}."]
+    if booking.series_id is not None:
+        # Each occurrence of a series is its own event (its own UID, status and times): a client need not
+        # expand an RRULE, and one cancelled occurrence is simply a cancelled event.
+        lines.append(f"One occurrence of recurring booking (series) #{booking.series_id}.")
     if booking.purpose:
         lines.append(f"Purpose: {booking.purpose}")
     models = ", ".join(sorted({f"{gpu.model} ({gpu.memory_gb} GB)" for gpu in booking.gpus}))

@@ -100,6 +100,7 @@ class FeedBooking:
     changes: int  # audited changes after the booking was made: the event's SEQUENCE
     released: bool
     gpus: list[Gpu]  # by index
+    series_id: int | None = None  # the recurring booking it is an occurrence of
 
 
 def feed_bookings(*, user: User, node: Node | None, start: datetime, end: datetime) -> list[FeedBooking]:
@@ -130,6 +131,7 @@ def feed_bookings(*, user: User, node: Node | None, start: datetime, end: dateti
             "released_at",
             "audited",
             "audited_last",
+            "series_id",
             named=True,
         )
     )
@@ -156,6 +158,7 @@ def feed_bookings(*, user: User, node: Node | None, start: datetime, end: dateti
             changes=max((row.audited or 0) - 1, 0),
             released=row.released_at is not None,
             gpus=gpus.get(row.id, []),
+            series_id=row.series_id,
         )
         for row in rows
     ]

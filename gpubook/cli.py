@@ -19,6 +19,15 @@ from typing import Any
 
 from gpubook import __version__
 from gpubook.client import ApiError, Client, ClientError, ConfigError, Unreachable, load_config
+from gpubook.series_cli import (
+    add_repeat_options,
+    add_series_command,
+    book_series,
+    check_repeat_options,
+    with_series,
+)
+from gpubook.terminal import fmt_moment, fmt_period, print_table
+from gpubook.waitlist_cli import add_waitlist_commands, waitlist_hint
 
 EXIT_API_ERROR = 1
 EXIT_USAGE = 2
@@ -94,34 +103,6 @@ def iso(moment: datetime) -> str:
 
 
 # --- output --------------------------------------------------------------------------------------
-
-
-def local(value: str) -> datetime:
-    moment = datetime.fromisoformat(value)
-    try:
-        return moment.astimezone()
-    except (OverflowError, ValueError, OSError):  # at the calendar's edge: shown with its own offset
-        return moment
-
-
-def fmt_moment(value: str | None) -> str:
-    if not value:
-        return "-"
-    return local(value).strftime("%Y-%m-%d %H:%M %Z")
-
-
-def fmt_period(start: str, end: str) -> str:
-    first, last = local(start), local(end)
-    if first.date() == last.date():
-        return f"{first:%Y-%m-%d %H:%M}–{last:%H:%M} {last:%Z}"
-    return f"{first:%Y-%m-%d %H:%M} – {last:%Y-%m-%d %H:%M} {last:%Z}"
-
-
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    cells = [[str(cell) for cell in row] for row in rows]
-    widths = [max(len(row[i]) for row in [list(headers), *cells]) for i in range(len(headers))]
-    for row in [list(headers), *cells]:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 def gpu_indexes(reservation: dict[str, Any]) -> str:
@@ -272,6 +253,8 @@ def cmd_book(client: Client, args: argparse.Namespace) -> Any:
         if args.profile:
             target["profile"] = args.profile
         body = {**target, "start": iso(args.start), "end": iso(end)}
+    if args.repeat is not None:
+        return book_series(client, args, {**body, "purpose": args.purpose})
     return client.post("reservations/", {**body, "purpose": args.purpose})
 
 
@@ -288,6 +271,9 @@ def earliest_booking(client: Client, args: argparse.Namespace) -> dict[str, Any]
 
 def check_book_options(args: argparse.Namespace) -> None:
     """The three ways to book each take their own options; say which one is off."""
+    repeat_problem = check_repeat_options(args)
+    if repeat_problem:
+        raise UsageError(repeat_problem)
     if args.earliest:
         _require(args, "--earliest", gpus="--gpus", hours="--hours")
         _forbid(args, "--earliest", start="--start (use --after)", end="--end")
@@ -371,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("id", type=positive_int, help="reservation id")
     _add_extend(add)
     add("me", cmd_me, render_me, "who you are, your limits and their use")
+    add_series_command(add, ident=positive_int)
+    add_waitlist_commands(add, moment=parse_moment, hours=positive_hours, ids=id_list, count=positive_int)
     return parser
 
 
@@ -407,7 +395,7 @@ def _add_available(add: Callable[..., argparse.ArgumentParser]) -> None:
 
 
 def _add_book(add: Callable[..., argparse.ArgumentParser]) -> None:
-    book = add("book", cmd_book, reservation_renderer("Booked"), "book GPUs")
+    book = add("book", cmd_book, with_series(reservation_renderer("Booked")), "book GPUs (--repeat: a series)")
     book.set_defaults(check=check_book_options)
     mode = book.add_mutually_exclusive_group(required=True)
     mode.add_argument("--earliest", action="store_true", help="the earliest window for --gpus N --hours H")
@@ -417,6 +405,7 @@ def _add_book(add: Callable[..., argparse.ArgumentParser]) -> None:
     book.add_argument("--start", type=parse_moment, metavar="TIME", help=f"start ({TIME_EXAMPLE})")
     book.add_argument("--end", type=parse_moment, metavar="TIME", help="end (or give --hours)")
     book.add_argument("--purpose", default="", help="what the GPUs are for")
+    add_repeat_options(book)
 
 
 def _add_extend(add: Callable[..., argparse.ArgumentParser]) -> None:
@@ -455,7 +444,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc), EXIT_USAGE)
     except Unreachable as exc:
         return _fail(str(exc), EXIT_UNREACHABLE)
-    except (ApiError, ClientError) as exc:
+    except ApiError as exc:
+        hint = f"\n{waitlist_hint(args)}" if exc.code == "slot_conflict" and args.command == "book" else ""
+        return _fail(f"{exc}{hint}", EXIT_API_ERROR)
+    except ClientError as exc:
         return _fail(str(exc), EXIT_API_ERROR)
     except KeyboardInterrupt:
         return 130

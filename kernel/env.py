@@ -7,6 +7,7 @@ credentials, so it never has to sit in the environment.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -43,6 +44,19 @@ def envint(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number.") from None
+
+
+def envfloat(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number.") from None
+    if not math.isfinite(value):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a finite number.")
+    return value
 
 
 def envlist(name: str, default: list[str]) -> list[str]:

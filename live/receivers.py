@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from django.db import transaction
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import m2m_changed, post_delete, post_save
 from django.dispatch import receiver
 
 from alerts.selectors import alerts_data
@@ -26,8 +26,8 @@ from live.status import broadcast_node_status, broadcast_telemetry
 from nodes.ingest import event_data
 from nodes.models import Gpu, GpuTelemetry, Node, NodeEvent
 from nodes.signals import gpu_drained, gpu_returned, node_events_recorded, node_reported, telemetry_received
-from reservations.models import MaintenanceWindow, Reservation
-from reservations.signals import reservation_changed
+from reservations.models import MaintenanceWindow, Reservation, ReservedCapacity
+from reservations.signals import reservation_changed, reserved_capacity_released
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,25 @@ def maintenance_changed(sender: Any, instance: MaintenanceWindow, **kwargs: Any)
     node = Node.objects.filter(pk=instance.node_id).values_list("name", flat=True).first()
     _calendar_after_commit(node=node, start=instance.start, end=instance.end)
     broadcast_node_status([instance.node_id])
+
+
+@receiver([post_save, post_delete], sender=ReservedCapacity)
+def reserved_capacity_changed(sender: Any, instance: ReservedCapacity, **kwargs: Any) -> None:
+    # A repeating window reaches far beyond its first occurrence: the node's calendars reload whatever they show.
+    node = Node.objects.filter(pk=instance.node_id).values_list("name", flat=True).first()
+    _calendar_after_commit(node=node)
+
+
+@receiver(m2m_changed, sender=ReservedCapacity.gpus.through)
+def reserved_gpus_changed(sender: Any, instance: Any, action: str, **kwargs: Any) -> None:
+    if action.startswith("post_") and isinstance(instance, ReservedCapacity):
+        reserved_capacity_changed(sender=ReservedCapacity, instance=instance)
+
+
+@receiver(reserved_capacity_released.on_commit)
+def reserved_capacity_freed(sender: type, node: Node, start: Any, end: Any, **kwargs: Any) -> None:
+    # The band of a released occurrence goes from the calendars.
+    broadcast.send_calendar_change(node=node.name, start=start.isoformat(), end=end.isoformat())
 
 
 @receiver([post_save, post_delete], sender=Node)

@@ -26,8 +26,10 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from alerts.jobs import JobState, job_states
+from fairshare.factors import FairShare, fairshare_table
 from metrics import selectors
 from reservations.fleet import STATES, fleet_status
+from waitlist.selectors import waitlist_counts
 
 MIB = 1024 * 1024
 GPU_LABELS = ["node", "gpu", "holder"]
@@ -84,6 +86,8 @@ class FleetCollector(Collector):
         yield from self._nodes(nodes, selectors.lease_versions(), now)
         yield from self._bookings(selectors.booking_counts(now=now), now)
         yield from self._jobs(job_states(now=now), now)
+        yield from self._fair_share(fairshare_table(now=now))
+        yield from self._waitlist(waitlist_counts())
 
     def _gpus(self, nodes: list[dict[str, Any]], now: datetime) -> Iterator[Metric]:
         fresh_for = timedelta(seconds=settings.AGENT_OFFLINE_AFTER_SECONDS)
@@ -237,6 +241,26 @@ class FleetCollector(Collector):
                 age.add_metric(job_labels, since.total_seconds())
             late.add_metric(job_labels, 1 if job.is_late(now) else 0)
         yield from (period, age, late)
+
+    def _fair_share(self, table: list[FairShare]) -> Iterator[Metric]:
+        factor = _gauge(
+            "gpubook_fairshare_factor", "Each active person's fair-share factor, 2^(-usage/share).", ["user"]
+        )
+        usage = _gauge("gpubook_fairshare_usage", "Each person's decayed usage over everyone's (0..1).", ["user"])
+        share = _gauge("gpubook_fairshare_share", "Each person's share of the GPUs (0..1).", ["user"])
+        for row in table:
+            factor.add_metric([row.username], row.factor)
+            usage.add_metric([row.username], row.usage)
+            share.add_metric([row.username], row.share)
+        yield from (factor, usage, share)
+
+    def _waitlist(self, counts: dict[str, int]) -> Iterator[Metric]:
+        entries = _gauge(
+            "gpubook_waitlist_entries", "Open waitlist entries: waiting, or offered a slot to claim.", ["state"]
+        )
+        for state, count in sorted(counts.items()):
+            entries.add_metric([state], count)
+        yield entries
 
 
 REGISTRY = CollectorRegistry()

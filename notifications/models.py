@@ -22,6 +22,8 @@ class Kind(models.TextChoices):
     IDLE_RELEASED = "alert_idle_released", "Idle booking released"
     # A MIG slice a booking names vanished from its node (alerts/): the holder must hear of it.
     SLICE_GONE = "slice_gone", "Booked MIG slice gone"
+    # A slot held for someone on the waitlist (waitlist/) who must claim it in time.
+    WAITLIST_OFFER = "waitlist_offer", "Waitlist: a slot to claim"
 
 
 class MailPreferences(models.Model):

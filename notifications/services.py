@@ -275,6 +275,11 @@ def _obsolete(note: Notification, reservation: Reservation, now: datetime) -> st
         return "too late to matter (NOTIFY_ENDED_CATCHUP_HOURS)"
     if kind == Kind.SLICE_GONE and (not reservation.is_live or reservation.end <= now):
         return "the booking is over or cancelled: its vanished slice no longer matters"
+    if kind == Kind.WAITLIST_OFFER and status != Status.OFFERED:
+        return "the offer was claimed or passed on before this mail could go"
+    claim_by = note.context.get("claim_by") if kind == Kind.WAITLIST_OFFER else None
+    if claim_by and datetime.fromisoformat(claim_by) <= now:
+        return "the time to claim the offer ran out before this mail could go"
     return ""
 
 
@@ -292,6 +297,12 @@ def _context(note: Notification, now: datetime) -> dict[str, Any]:
     elif kind == Kind.SLOT_ENDED:
         gpu_ids = list(Allocation.objects.filter(reservation=reservation).values_list("gpu_id", flat=True))
         context["usage"] = usage_during(gpu_ids, reservation.start, reservation.end)
+    elif kind == Kind.WAITLIST_OFFER:
+        claim_by = note.context.get("claim_by")
+        context |= {
+            "claim_by": format_moment(datetime.fromisoformat(claim_by)) if claim_by else "",
+            "waitlist_url": settings.PORTAL_URL.rstrip("/") + "/waitlist/",
+        }
     elif kind in (Kind.IDLE, Kind.IDLE_RELEASED):
         release_at = note.context.get("release_at")
         context |= {

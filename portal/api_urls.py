@@ -10,12 +10,16 @@ from reservations.api import AvailabilityView, GpuViewSet, ReservationViewSet
 from reservations.calendar_api import CalendarDataView
 from reservations.lease_api import SnapshotView
 from reservations.me import MeView
+from reservations.series_api import SeriesViewSet
+from waitlist.api import WaitlistViewSet
 
 router = DefaultRouter()
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
 router.register("reservations", ReservationViewSet, basename="reservation")
+router.register("series", SeriesViewSet, basename="series")
 router.register("tokens", ApiTokenViewSet, basename="token")
+router.register("waitlist", WaitlistViewSet, basename="waitlist")
 
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),

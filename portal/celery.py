@@ -54,6 +54,19 @@ app.conf.beat_schedule = {
         "schedule": 300.0,
         "options": {"expires": 290},
     },
+    # The waitlist (waitlist/): unclaimed offers lapse and pass on, windows that passed expire, and offers
+    # whose after-commit step was lost are settled.
+    "waitlist-sweep": {"task": "waitlist.sweep", "schedule": 60.0, "options": {"expires": 55}},
+    # Recurring bookings: occurrences that came within their owner's days-ahead limit are booked
+    # (reservations/series.py; idempotent, conflicts skipped and shown on the series page).
+    "book-due-series": {"task": "reservations.book_due_series", "schedule": 86400.0, "options": {"expires": 3600}},
+    # Reserved capacity whose release time passed is announced once per occurrence, so that the waitlist can
+    # offer the freed time (reservations/reserved_release.py; idempotent: one ReservedRelease row each).
+    "release-reserved-capacity": {
+        "task": "reservations.release_reserved_capacity",
+        "schedule": 300.0,
+        "options": {"expires": 290},
+    },
     # Agent events past NODE_EVENTS_KEEP_DAYS go (idempotent: deletes by age, in batches).
     "prune-node-events": {"task": "nodes.prune_events", "schedule": 3600.0, "options": {"expires": 3000}},
 }

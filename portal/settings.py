@@ -15,7 +15,7 @@ import dj_database_url
 import dj_email_url
 from django.core.exceptions import ImproperlyConfigured
 
-from kernel.env import envbool, envchoice, envint, envlist, envstr
+from kernel.env import envbool, envchoice, envfloat, envint, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("VAR_DIR", str(BASE_DIR / "var")))
@@ -513,6 +513,33 @@ BOOKING_PURPOSE_MAX_LENGTH = 500
 # 9999. A Limit row raises or lowers them; admins book past both (docs/booking-rules.md).
 MAX_DAYS_AHEAD = envint("MAX_DAYS_AHEAD", 90)  # a booking ends at most this many days from now
 MAX_SLOT_HOURS = envint("MAX_SLOT_HOURS", 168)  # the longest one booking may be (a week)
+
+# Recurring bookings (reservations/series.py, docs/booking-rules.md "Series"): the most occurrences one
+# series may have, and how many days after its first day its last may fall.
+SERIES_MAX_OCCURRENCES = envint("SERIES_MAX_OCCURRENCES", 200)
+SERIES_MAX_DAYS = envint("SERIES_MAX_DAYS", 366)
+
+# Reserved capacity (reservations/reserved.py, docs/booking-rules.md "Reserved capacity"): how many hours before
+# an occurrence's start a reserved window releases to everyone when it sets no hours of its own (0: never).
+RESERVED_RELEASE_HOURS = envint("RESERVED_RELEASE_HOURS", 0)
+
+# Fair share (fairshare/, docs/booking-rules.md "Fair share"): usage halves every FAIRSHARE_HALF_LIFE_DAYS and is
+# read back FAIRSHARE_LOOKBACK_HALF_LIVES half-lives; a used GPU-hour counts FAIRSHARE_USED_WEIGHT on top of its
+# booked hour; a group without a GroupShare has FAIRSHARE_DEFAULT_SHARES. With FAIRSHARE_HORIZON_CAP on, a person
+# whose factor is under FAIRSHARE_HORIZON_CAP_BELOW books at most FAIRSHARE_HORIZON_CAP_DAYS ahead.
+FAIRSHARE_HALF_LIFE_DAYS = envint("FAIRSHARE_HALF_LIFE_DAYS", 7)
+FAIRSHARE_LOOKBACK_HALF_LIVES = envint("FAIRSHARE_LOOKBACK_HALF_LIVES", 8)
+FAIRSHARE_USED_WEIGHT = envfloat("FAIRSHARE_USED_WEIGHT", 1.0)
+FAIRSHARE_DEFAULT_SHARES = envint("FAIRSHARE_DEFAULT_SHARES", 1)
+FAIRSHARE_HORIZON_CAP = envbool("FAIRSHARE_HORIZON_CAP", False)
+FAIRSHARE_HORIZON_CAP_BELOW = envfloat("FAIRSHARE_HORIZON_CAP_BELOW", 0.25)
+FAIRSHARE_HORIZON_CAP_DAYS = envint("FAIRSHARE_HORIZON_CAP_DAYS", 2)
+
+# The waitlist (waitlist/, docs/booking-rules.md "Waitlist"): how long a slot on offer waits for its claim,
+# how many open entries one person may have, and the most GPUs one entry may wait for.
+WAITLIST_CLAIM_MINUTES = envint("WAITLIST_CLAIM_MINUTES", 15)
+WAITLIST_MAX_ENTRIES = envint("WAITLIST_MAX_ENTRIES", 10)
+WAITLIST_MAX_COUNT = envint("WAITLIST_MAX_COUNT", 16)
 
 # Calendar feeds (docs/feeds.md): how far back and ahead they reach, and fetches per URL per hour.
 FEED_PAST_DAYS = envint("FEED_PAST_DAYS", 30)

@@ -29,6 +29,8 @@ urlpatterns = [
     path("", include("notifications.urls")),
     path("", include("accounting.urls")),
     path("", include("feeds.urls")),
+    path("", include("fairshare.urls")),
+    path("", include("waitlist.urls")),
     path("", include("metrics.urls")),
 ]
 

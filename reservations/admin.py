@@ -305,3 +305,7 @@ class LimitAdmin(AuditedAdminMixin, admin.ModelAdmin):
             },
         ),
     )
+
+
+# Recurring bookings (read-only) and reserved capacity for groups: their own modules, registered with this one.
+from reservations import reserved_admin, series_admin  # noqa: E402, F401

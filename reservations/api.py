@@ -96,7 +96,9 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         if "gpus" in data:
             gpus: list[Any] = data["gpus"]
         else:
-            gpus = _pick_gpus(data["node"], data["gpu_count"], data["start"], data["end"], data.get("profile", ""))
+            gpus = _pick_gpus(
+                data["node"], data["gpu_count"], data["start"], data["end"], data.get("profile", ""), user=request.user
+            )
         reservation = services.reservation_create(
             user=request.user, gpus=gpus, start=data["start"], end=data["end"], purpose=data["purpose"]
         )
@@ -189,18 +191,24 @@ def _parse_time(name: str, raw: str) -> Any:
         raise ValidationError({name: exc.detail}) from exc
 
 
-def _pick_gpus(node_name: str, count: int, start: Any, end: Any, profile: str = "") -> list[Any]:
+def _pick_gpus(node_name: str, count: int, start: Any, end: Any, profile: str = "", *, user: Any = None) -> list[Any]:
     node = Node.objects.filter(name=node_name).first()
     if node is None:
         raise InvalidBooking(f"No node named {node_name!r}.", field="node")
     # Pick on the grid the service will book on, so the GPUs picked are free for that exact slot.
+    # Reserved capacity of groups ``user`` is not in is not offered (reservations/reserved.py).
     gpus = selectors.free_gpus(
-        node=node, count=count, start=floor_to_grid(start), end=ceil_to_grid(end), profile=profile
+        node=node, count=count, start=floor_to_grid(start), end=ceil_to_grid(end), profile=profile, user=user
     )
     if len(gpus) < count:
         what = f"{profile} slices" if profile else "GPUs"
+        everyone = selectors.free_gpus(
+            node=node, count=count, start=floor_to_grid(start), end=ceil_to_grid(end), profile=profile
+        )
+        more = len(everyone) - len(gpus)
+        kept = f" ({more} more {'is' if more == 1 else 'are'} reserved for a group you are not in)" if more > 0 else ""
         raise SlotConflict(
-            f"Only {len(gpus)} of the {count} {what} asked are free on {node.name} for that slot.",
+            f"Only {len(gpus)} of the {count} {what} asked are free on {node.name} for that slot{kept}.",
             free=[gpu.pk for gpu in gpus],
         )
     return gpus
@@ -224,6 +232,7 @@ class AvailabilityView(APIView):
             node_name=data.get("node"),
             min_memory_mib=memory_gb_to_mib(data.get("min_memory_gb")),
             profile=data.get("profile", ""),
+            user=request.user,
         )
         return Response(AvailabilitySerializer({"results": windows}).data)
 

@@ -8,6 +8,10 @@ overlaps its part of its card: the card itself, a slice of it, or a slice sharin
 the first candidate with enough free units is that node's earliest window. The search reaches a day
 ahead, then a week, then the whole horizon, only for nodes still without a window: three queries a
 step, whatever the number of nodes.
+
+For a person (``user``), reserved capacity of groups they are not in counts as busy (reservations/reserved.py):
+a reserved GPU is taken over each unreleased occurrence, and under "any N GPUs of the node" a window offers
+at most the node's GPUs minus N minus what other non-members hold; an occurrence's end is a candidate start.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import Q
 
 from nodes.models import Gpu, Node
 from reservations.models import MaintenanceWindow
+from reservations.reserved import ReservedOccurrence, Restrictions, restrictions_for, room_left, within_room
 from reservations.selectors import Place, bookable_units, is_free, taken_places
 from reservations.timegrid import ceil_to_grid, floor_to_grid, require_in_calendar
 
@@ -43,6 +49,7 @@ def earliest_windows(
     profile: str = "",
     horizon: timedelta = timedelta(days=60),
     limit: int = 10,
+    user: Any = None,
 ) -> list[Window]:
     """The earliest window on each node that has ``gpu_count`` free GPUs (or slices of ``profile``),
     earliest first."""
@@ -73,7 +80,10 @@ def earliest_windows(
     remaining = candidates
     for reach in sorted({min(step, horizon) for step in _SEARCH_STEPS} | {horizon}):
         reach_to = search_from + reach + duration
-        found = _search(remaining, gpu_count, duration, search_from, reach_to)
+        kept = restrictions_for(
+            user=user, nodes=[gpus[0].node for gpus in remaining.values()], start=search_from, end=reach_to, now=now
+        )
+        found = _search(remaining, gpu_count, duration, search_from, reach_to, kept)
         windows += found
         done = {window.node.pk for window in found}
         remaining = {node_id: gpus for node_id, gpus in remaining.items() if node_id not in done}
@@ -87,9 +97,15 @@ _SEARCH_STEPS = (timedelta(days=1), timedelta(days=7))
 
 
 def _search(
-    candidates: dict[int, list[Gpu]], gpu_count: int, duration: timedelta, search_from: datetime, search_to: datetime
+    candidates: dict[int, list[Gpu]],
+    gpu_count: int,
+    duration: timedelta,
+    search_from: datetime,
+    search_to: datetime,
+    kept: Restrictions,
 ) -> list[Window]:
     places = taken_places(node_ids=candidates.keys(), start=search_from, end=search_to)
+    places += [Place(*place) for place in kept.places]
     node_busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)  # whole-node maintenance
     for node_id, start, end in MaintenanceWindow.objects.filter(
         node__in=candidates.keys(), gpu__isnull=True, start__lt=search_to, end__gt=search_from
@@ -100,7 +116,10 @@ def _search(
     for node_id, gpus in candidates.items():
         cards = {gpu.card_id for gpu in gpus}
         on_node = [place for place in places if place.card_id in cards]
-        window = _earliest_on_node(gpus, on_node, node_busy[node_id], gpu_count, duration, search_from, search_to)
+        counted = [o for o in kept.counted if o.reserved.node_id == node_id]
+        window = _earliest_on_node(
+            gpus, on_node, node_busy[node_id], gpu_count, duration, search_from, search_to, counted
+        )
         if window is not None:
             windows.append(window)
     return windows
@@ -114,13 +133,16 @@ def _earliest_on_node(
     duration: timedelta,
     search_from: datetime,
     search_to: datetime,
+    counted: list[ReservedOccurrence],
 ) -> Window | None:
-    ends = {place.end for place in places} | {end for _, end in node_busy}
+    ends = {place.end for place in places} | {end for _, end in node_busy} | {o.end for o in counted}
     for start in sorted({search_from} | {e for e in ends if search_from < e < search_to}):
         end = ceil_to_grid(start + duration)
         if end > search_to or any(s < end and e > start for s, e in node_busy):
             continue
         free = [gpu for gpu in gpus if is_free(gpu, places, start, end)]
+        if counted and len(free) >= gpu_count:
+            free = within_room(free, room_left(node=gpus[0].node, counted=counted, start=start, end=end))
         if len(free) >= gpu_count:
             return Window(node=gpus[0].node, gpus=free[:gpu_count], start=start, end=end)
     return None

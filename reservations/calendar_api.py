@@ -95,7 +95,7 @@ class NodeResource(serializers.Serializer):
 
 
 class CalendarEventProps(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=["reservation", "maintenance"])
+    kind = serializers.ChoiceField(choices=["reservation", "maintenance", "reserved"])
     reservation = serializers.IntegerField(required=False, help_text="Bookings: the reservation's id.")
     status = serializers.ChoiceField(choices=list(Reservation.LIVE_STATUSES), required=False)
     mine = serializers.BooleanField(required=False)
@@ -118,10 +118,25 @@ class CalendarEventProps(serializers.Serializer):
     gpu = serializers.IntegerField(
         required=False, allow_null=True, help_text="Maintenance windows: the GPU, or null for the whole node."
     )
+    group = serializers.CharField(required=False, help_text="Reserved capacity: the group it is kept for.")
+    gpus = serializers.ListField(
+        child=serializers.IntegerField(), required=False, help_text="Reserved capacity: the reserved GPUs' ids."
+    )
+    count = serializers.IntegerField(
+        required=False, allow_null=True, help_text='Reserved capacity: N of "any N GPUs of the node", else null.'
+    )
+    member = serializers.BooleanField(
+        required=False, help_text="Reserved capacity: whether you may book inside it (a member, or an admin)."
+    )
+    release_at = serializers.CharField(
+        required=False, allow_null=True, help_text="Reserved capacity: when it opens to everyone (null: never)."
+    )
 
 
 class CalendarEvent(serializers.Serializer):
-    id = serializers.CharField(help_text="reservation-<id> or maintenance-<id>")
+    id = serializers.CharField(
+        help_text="reservation-<id>, maintenance-<id> or reserved-<id>-<occurrence start, epoch seconds>"
+    )
     resourceIds = serializers.ListField(
         child=serializers.CharField(), help_text="gpu-<id> of each GPU (and node-<id>)."
     )

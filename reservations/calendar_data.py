@@ -26,6 +26,7 @@ from reservations.calendar_format import gpu_label, iso_from_text, iso_utc
 from reservations.constraints import TsTzRange
 from reservations.models import Allocation, MaintenanceWindow, Reservation
 from reservations.permissions import allowed_actions
+from reservations.reserved import reserved_overlapping
 
 
 def calendar_resources(*, node: Node | None = None) -> list[dict[str, Any]]:
@@ -108,7 +109,9 @@ def calendar_events(
     the two reads is shown as the first read saw it, or not at all, until the next load.
     """
     is_admin = user.is_booking_admin
-    reservations = Reservation.objects.filter(status__in=Reservation.LIVE_STATUSES, start__lt=end, end__gt=start)
+    # Offers from the waitlist hold their slots too: shown, so that nobody drags over one in vain.
+    shown = [*Reservation.LIVE_STATUSES, Reservation.Status.OFFERED]
+    reservations = Reservation.objects.filter(status__in=shown, start__lt=end, end__gt=start)
     allocations = _active_allocations_overlapping(start, end)
     if node is not None:
         reservations = reservations.filter(node=node)
@@ -169,7 +172,11 @@ def calendar_events(
                 },
             }
         )
-    return events + _maintenance_events(start=start, end=end, resources=resources, node=node)
+    return (
+        events
+        + _maintenance_events(start=start, end=end, resources=resources, node=node)
+        + _reserved_events(user=user, start=start, end=end, now=now, resources=resources, node=node)
+    )
 
 
 def reservation_page_prefix() -> str:
@@ -215,6 +222,66 @@ def _maintenance_events(
                 "display": "background",
                 "classNames": ["maintenance"],
                 "extendedProps": {"kind": "maintenance", "maintenance": pk, "node": node_name, "gpu": gpu_id},
+            }
+        )
+    return events
+
+
+def _reserved_events(
+    *, user: Any, start: datetime, end: datetime, now: datetime, resources: list[dict[str, Any]], node: Node | None
+) -> list[dict[str, Any]]:
+    """Reserved capacity's unreleased occurrences as background events, a shaded band labelled with the group:
+    on the reserved GPUs' rows (a card's slices too), or for "any N GPUs" on the node's row (which GPUs is not
+    decided: the band says how many).
+    A released occurrence is not shown: anyone may book it. ``member`` says whether the viewer may book
+    inside (a member of the group, or a booking admin): the calendar still lets everyone drag over it, and
+    the booking service refuses the others with the group named."""
+    row_of_node = {row["extendedProps"]["node"]: row["id"] for row in resources}
+    rows_of_gpu: dict[int, list[str]] = {}
+    for row in resources:
+        for card in row["children"]:
+            rows_of_gpu[card["extendedProps"]["gpu"]] = [
+                card["id"],
+                *(child["id"] for child in card.get("children", [])),
+            ]
+            for child in card.get("children", []):
+                rows_of_gpu[child["extendedProps"]["gpu"]] = [child["id"]]
+    occurrences = reserved_overlapping(start=start, end=end, now=now, nodes=[node] if node else None)
+    if not occurrences:
+        return []
+    groups = set(user.groups.values_list("pk", flat=True)) if getattr(user, "pk", None) else set()
+    events = []
+    for occurrence in occurrences:
+        reserved = occurrence.reserved
+        group = reserved.group.name
+        gpu_ids = sorted(gpu.pk for gpu in reserved.gpus.all())
+        if reserved.count:
+            title = f"{reserved.count} GPU{'s' if reserved.count != 1 else ''} reserved for {group}"
+            row_ids = [row_of_node[reserved.node.name]] if reserved.node.name in row_of_node else []
+        else:
+            title = f"reserved: {group}"
+            row_ids = [row for gpu_id in gpu_ids for row in rows_of_gpu.get(gpu_id, [f"gpu-{gpu_id}"])]
+        if reserved.label:
+            title += f" ({reserved.label})"
+        events.append(
+            {
+                "id": f"reserved-{reserved.pk}-{int(occurrence.start.timestamp())}",
+                "resourceIds": list(dict.fromkeys(row_ids)),
+                "start": iso_utc(occurrence.start),
+                "end": iso_utc(occurrence.end),
+                "title": title,
+                "display": "background",
+                "classNames": ["reserved"],
+                "extendedProps": {
+                    "kind": "reserved",
+                    "reserved": reserved.pk,
+                    "group": group,
+                    "node": reserved.node.name,
+                    "gpus": gpu_ids,
+                    "count": reserved.count,
+                    "member": reserved.group_id in groups or bool(user.is_booking_admin),
+                    "release_at": iso_utc(occurrence.release_at) if occurrence.release_at else None,
+                },
             }
         )
     return events

@@ -18,6 +18,7 @@ from django.db import DatabaseError
 
 from reservations.limits import CEILING_SETTINGS
 from reservations.models import Limit
+from reservations.reserved import MAX_RELEASE_HOURS
 
 
 @register()
@@ -35,6 +36,23 @@ def check_ceilings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 )
             )
     return messages
+
+
+@register()
+def check_reserved_release_hours(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    # Outside these bounds the release time of reserved capacity is meaningless, or overflows in every booking
+    # of a node that has some (reservations/reserved.py); admin keeps a window's own hours to the same bounds.
+    value = settings.RESERVED_RELEASE_HOURS
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_RELEASE_HOURS:
+        return [
+            Error(
+                f"RESERVED_RELEASE_HOURS={value!r}: give the hours before a reserved window's start from which "
+                f"anyone may book it, from 0 (never) to {MAX_RELEASE_HOURS}.",
+                hint="Unset RESERVED_RELEASE_HOURS for the default 0 (reserved capacity never releases).",
+                id="reservations.E002",
+            )
+        ]
+    return []
 
 
 @register(Tags.database)

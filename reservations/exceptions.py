@@ -38,6 +38,13 @@ class MaintenanceConflict(SlotConflict):
     code = "maintenance"
 
 
+class ReservedConflict(SlotConflict):
+    """The slot is inside capacity reserved for a group the booker is not in (reservations/reserved.py).
+    ``details["reserved"]`` names the window: its group, node, GPUs or count, and the occurrence."""
+
+    code = "reserved"
+
+
 class LimitExceeded(BookingError):
     """A limit refuses the booking. ``details`` has ``limit``, ``used``, ``asked`` and ``allowed``."""
 

@@ -13,7 +13,7 @@ without a database. A refusal names the limit and the numbers.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -43,6 +43,8 @@ class EffectiveLimits:
     requires_approval: bool = False
     # The fields whose value is the site ceiling (a setting) rather than a Limit row's.
     ceilings: frozenset[str] = frozenset()
+    # Why max_days_ahead is shorter than the Limit rows say, when a horizon cap shortened it.
+    horizon_reason: str = ""
 
     @property
     def counts_usage(self) -> bool:
@@ -64,6 +66,31 @@ def format_gpus(gpus: Fraction | int) -> str:
     if Fraction(gpus).denominator == 1:
         return str(int(gpus))
     return f"{float(gpus):.2f}".rstrip("0")
+
+
+@dataclass(frozen=True)
+class HorizonCap:
+    days: int
+    reason: str  # what the refusal says: "fair share: your factor 0.12 is under 0.25"
+
+
+class HorizonCaps:
+    """Rules of apps above this one that shorten how far ahead a person may book (fairshare's, when the site
+    turns it on): registered in their ``ready()``, consulted by ``effective_limits``; the tightest wins."""
+
+    def __init__(self) -> None:
+        self._caps: list[Callable[[Any], HorizonCap | None]] = []
+
+    def register(self, cap: Callable[[Any], HorizonCap | None]) -> None:
+        if cap not in self._caps:  # ready() may run twice in tests
+            self._caps.append(cap)
+
+    def tightest(self, user: Any) -> HorizonCap | None:
+        found = [cap for cap in (rule(user) for rule in self._caps) if cap is not None]
+        return min(found, key=lambda cap: cap.days, default=None)
+
+
+horizon_caps = HorizonCaps()
 
 
 def effective_limits(user: Any) -> EffectiveLimits:
@@ -90,12 +117,19 @@ def effective_limits(user: Any) -> EffectiveLimits:
     ceilings = frozenset(field for field in CEILING_SETTINGS if field not in values)
     values["max_days_ahead"] = values.get("max_days_ahead", settings.MAX_DAYS_AHEAD)
     values["max_slot_hours"] = values.get("max_slot_hours", Decimal(settings.MAX_SLOT_HOURS))
+    cap = horizon_caps.tightest(user)
+    if cap is not None and cap.days < values["max_days_ahead"]:
+        values["max_days_ahead"], values["horizon_reason"] = cap.days, cap.reason
+        ceilings -= {"max_days_ahead"}
     return EffectiveLimits(**values, ceilings=ceilings)
 
 
 def _where_from(limits: EffectiveLimits, field: str) -> str:
     """' (the site ceiling MAX_DAYS_AHEAD: ...)' when the number is a setting's rather than a Limit
-    row's, so that whoever reads the refusal knows what an admin would change."""
+    row's, so that whoever reads the refusal knows what an admin would change; ' (fair share: ...)' when a
+    horizon cap set it."""
+    if field == "max_days_ahead" and limits.horizon_reason:
+        return f" ({limits.horizon_reason})"
     if field not in limits.ceilings:
         return ""
     return f" (the site ceiling {CEILING_SETTINGS[field]}: an admin can set another in a Limit)"

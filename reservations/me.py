@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.http import AuthenticatedRequest
+from accounts.me_parts import me_parts
 from accounts.serializers import MeSerializer
 from kernel.api_schema import READ_ERRORS
 from reservations.limits import WEEK, Period, busiest_week, effective_limits, gpus_number, peak_gpus
@@ -48,5 +49,6 @@ class MeView(APIView):
             },
             "max_slot_hours": _number(limits.max_slot_hours),
             "max_days_ahead": limits.max_days_ahead,
+            **me_parts.read(user=user, now=now),
         }
         return Response(MeSerializer(data).data)

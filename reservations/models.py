@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -21,6 +21,9 @@ class Reservation(models.Model):
         APPROVED = "approved", "Approved"
         REJECTED = "rejected", "Rejected"
         CANCELLED = "cancelled", "Cancelled"
+        # Held for someone on the waitlist until they take it (reservations/offers.py): it keeps others
+        # off the slot, opens nothing and counts against no limit until taken.
+        OFFERED = "offered", "Offered from the waitlist"
 
     # Pending reservations hold their slot until an admin decides.
     LIVE_STATUSES = (Status.PENDING, Status.APPROVED)
@@ -57,11 +60,24 @@ class Reservation(models.Model):
     extends = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="extensions", editable=False
     )
+    # An occurrence of a recurring booking (reservations/series.py): the series, and the local day of the
+    # occurrence in the series' zone (the rule repeats at most daily, so the day names the occurrence).
+    series = models.ForeignKey(
+        "Series", null=True, blank=True, on_delete=models.SET_NULL, related_name="occurrences", editable=False
+    )
+    series_day = models.DateField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["start", "id"]
         constraints = [
             models.CheckConstraint(condition=Q(end__gt=F("start")), name="reservation_end_after_start"),
+            # A series holds at most one live booking per occurrence, whoever books it (the form, the
+            # daily task that books what came within reach) and however they race.
+            models.UniqueConstraint(
+                fields=["series", "series_day"],
+                condition=Q(status__in=["pending", "approved"]),
+                name="reservation_one_live_occurrence",
+            ),
         ]
         indexes = [
             models.Index(fields=["status", "start"], name="reservation_status_start_idx"),
@@ -271,3 +287,127 @@ class Limit(models.Model):
             raise ValidationError({"group": "Choose the group these limits apply to (and no user)."})
         if self.scope == self.Scope.USER and (not self.user_id or self.group_id):
             raise ValidationError({"user": "Choose the user these limits apply to (and no group)."})
+
+
+class Series(models.Model):
+    """A recurring booking: an RFC 5545 rule repeated in the booker's zone (reservations/series.py).
+
+    Every occurrence is a Reservation of its own (``occurrences``), booked, approved, reminded and
+    released like any other. The series keeps what to book for the occurrences not booked yet: the
+    wall-clock start and duration, which are the same local time of day on every day of the rule
+    whatever daylight saving time does, and the GPUs asked for.
+    """
+
+    class Mode(models.TextChoices):
+        ALL_OR_NOTHING = "all", "All or nothing"
+        SKIP_CONFLICTS = "skip", "Skip conflicts"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="booking_series")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="+")
+    gpus = models.ManyToManyField(Gpu, related_name="+")
+    rule = models.CharField("repeat rule (RRULE)", max_length=500)
+    zone = models.CharField("time zone", max_length=64)
+    first_day = models.DateField()
+    start_time = models.TimeField("local start time")
+    duration = models.DurationField()
+    mode = models.CharField(max_length=8, choices=Mode.choices, default=Mode.ALL_OR_NOTHING)
+    purpose = models.TextField(blank=True)
+    # Set when the series is cancelled from a day on: no occurrence on or after it is booked any more.
+    ends_before = models.DateField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "series"
+        constraints = [
+            models.CheckConstraint(condition=Q(duration__gt=timedelta(0)), name="series_duration_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Series #{self.pk} {self.rule} {self.start_time:%H:%M} ({self.zone})"
+
+
+class ReservedCapacity(models.Model):
+    """Capacity kept for one group (a lab group or a project: both are django.contrib.auth groups) on a node,
+    once or repeating: specific GPUs (cards or MIG slices), or any ``count`` GPUs of the node.
+
+    Inside an occurrence only the group's members (and booking admins) book the reserved GPUs; with a count,
+    everyone else together holds at most the node's bookable GPUs minus ``count``. From ``release_hours_before``
+    hours before an occurrence's start (empty: the site's RESERVED_RELEASE_HOURS; 0: never) the occurrence
+    restricts nobody any more. The rules are in reservations/reserved.py and docs/booking-rules.md.
+    """
+
+    group = models.ForeignKey("auth.Group", on_delete=models.CASCADE, related_name="reserved_capacity")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="reserved_capacity")
+    gpus = models.ManyToManyField(
+        Gpu,
+        blank=True,
+        related_name="reserved_capacity",
+        verbose_name="GPUs",
+        help_text="The GPUs (cards or MIG slices) kept for the group; or leave empty and give a count.",
+    )
+    count = models.PositiveSmallIntegerField(
+        "any N GPUs",
+        null=True,
+        blank=True,
+        help_text="Keep this many of the node's GPUs, whichever, for the group (instead of naming GPUs).",
+    )
+    label = models.CharField(max_length=200, blank=True, help_text="Shown on the calendar with the group's name.")
+    start = models.DateTimeField(help_text="The (first) window's start.")
+    end = models.DateTimeField(help_text="The (first) window's end.")
+    rule = models.CharField(
+        "repeat rule (RRULE)",
+        max_length=500,
+        blank=True,
+        help_text='Empty: once. Otherwise e.g. "FREQ=WEEKLY;BYDAY=MO;UNTIL=20270331" (UNTIL or COUNT required).',
+    )
+    zone = models.CharField(
+        "time zone",
+        max_length=64,
+        blank=True,
+        help_text="The zone whose wall-clock time a repeating window keeps, e.g. Europe/Berlin (default: UTC).",
+    )
+    release_hours_before = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Hours before each occurrence's start from which everyone may book it. "
+        "Empty: the site default RESERVED_RELEASE_HOURS; 0: never released.",
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["start", "id"]
+        verbose_name = "reserved capacity"
+        verbose_name_plural = "reserved capacity"
+        constraints = [
+            models.CheckConstraint(condition=Q(end__gt=F("start")), name="reserved_end_after_start"),
+            models.CheckConstraint(condition=Q(count__isnull=True) | Q(count__gt=0), name="reserved_count_positive"),
+        ]
+        indexes = [models.Index(fields=["node", "start"], name="reserved_node_start_idx")]
+
+    def __str__(self) -> str:
+        what = f"{self.count} GPUs" if self.count else "GPUs"
+        return f"{what} of {self.node.name} for {self.group.name}" + (f" ({self.label})" if self.label else "")
+
+
+class ReservedRelease(models.Model):
+    """One occurrence of a ReservedCapacity that reached its release time and was announced
+    (``reserved_capacity_released``): the row makes the announcement happen once."""
+
+    reserved = models.ForeignKey(ReservedCapacity, on_delete=models.CASCADE, related_name="releases")
+    occurrence_start = models.DateTimeField()
+    released_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["reserved", "occurrence_start"], name="reserved_release_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reserved} released for {self.occurrence_start:%Y-%m-%d %H:%M}"

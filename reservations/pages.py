@@ -62,6 +62,8 @@ def calendar_page(request: HttpRequest) -> HttpResponse:
         "urls": {
             "calendar": reverse("api:calendar"),
             "reservations": reverse("api:reservation-list"),
+            "series": reverse("api:series-list"),
+            "waitlist": reverse("waitlist"),
         },
         "csrf_token": get_token(request),
         "user": user.get_username(),

@@ -8,11 +8,13 @@ from fractions import Fraction
 from typing import NamedTuple
 
 from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.utils import timezone
 
 from accounts.models import User
 from nodes.models import BOOKABLE_GPUS, Gpu, Node, card_share
 from reservations.limits import Period
 from reservations.models import Allocation, MaintenanceWindow, Reservation
+from reservations.reserved import restrictions_for, room_left, within_room
 
 
 class Place(NamedTuple):
@@ -163,13 +165,25 @@ def is_free(unit: Gpu, places: Iterable[Place], start: datetime, end: datetime) 
     return True
 
 
-def free_gpus(*, node: Node, count: int, start: datetime, end: datetime, profile: str = "") -> list[Gpu]:
+def free_gpus(
+    *,
+    node: Node,
+    count: int,
+    start: datetime,
+    end: datetime,
+    profile: str = "",
+    user: User | None = None,
+    now: datetime | None = None,
+) -> list[Gpu]:
     """The first ``count`` bookable units of ``node`` (cards, or slices of ``profile``; by index) free over
-    [start, end), or fewer."""
+    [start, end), or fewer. For ``user``, reserved capacity of groups they are not in counts as taken
+    (reserved GPUs; at most the node's GPUs minus N under "any N GPUs")."""
     places = taken_places(node_ids=[node.pk], start=start, end=end)
+    kept = restrictions_for(user=user, nodes=[node], start=start, end=end, now=now or timezone.now())
+    places += [Place(*place) for place in kept.places]
     units = bookable_units(profile=profile).filter(node=node).select_related("node", "parent")
     free = [unit for unit in units.order_by("index", "placement_start") if is_free(unit, places, start, end)]
-    return free[:count]
+    return within_room(free, room_left(node=node, counted=kept.counted, start=start, end=end))[:count]
 
 
 def gpu_list(

@@ -93,6 +93,9 @@ class ReservationSerializer(serializers.ModelSerializer):
     pending_extension = serializers.SerializerMethodField(
         help_text="An extension of this booking waiting for an admin's approval, or null."
     )
+    series = serializers.IntegerField(
+        source="series_id", read_only=True, allow_null=True, help_text="The recurring series it belongs to, or null."
+    )
     url = serializers.SerializerMethodField(
         help_text="The booking's page in the portal (absolute URL); null when it is someone else's."
     )
@@ -121,6 +124,7 @@ class ReservationSerializer(serializers.ModelSerializer):
             "released_at",
             "extends",
             "pending_extension",
+            "series",
             "url",
         )
         read_only_fields = fields

@@ -39,6 +39,7 @@ from reservations.exceptions import (
 )
 from reservations.limits import EffectiveLimits, Period, check_limits, effective_limits
 from reservations.models import Allocation, Reservation
+from reservations.reserved import check_reserved_capacity
 from reservations.signals import reservation_changed
 from reservations.timegrid import ceil_to_grid, floor_to_grid, format_moment, format_period, require_in_calendar
 
@@ -63,53 +64,31 @@ def reservation_create(
     admin's booking skips the limits and approval.
     """
     actor = actor or user
-    if actor.pk != user.pk and not actor.is_booking_admin:
-        raise NotAllowed("Only admins can book for someone else.")
-    if not user.is_active:
-        raise NotAllowed(f"{user.get_username()}'s account is disabled.")
-    if not user.unix_username and not user.unix_username_requested:
-        # A request waiting for an admin is enough to hold a slot; no GPU opens until it is confirmed.
-        raise InvalidBooking(
-            f"{user.get_username()} has no unix username yet, so the GPU nodes do not know which account "
-            f"gets the GPUs. {who_sets_unix_usernames()}",
-            field="unix_username",
-        )
+    _require_may_book(user, actor)
     gpu_ids = _gpu_ids(gpus)
     now = timezone.now()
     start, end = _snap_slot(start, end, now)
     purpose = _clean_purpose(purpose)
 
     with _booking_transaction():
-        _lock_booking_rows(user_id=user.pk, gpu_ids=gpu_ids)
-        # Again under the user's row lock, which a deactivation's UPDATE needs too: either it committed
-        # first and this read sees it, or it comes after and its reaction ends this booking as well.
-        if not User.objects.filter(pk=user.pk, is_active=True).exists():
-            raise NotAllowed(f"{user.get_username()}'s account is disabled.")
+        _lock_booker(user, gpu_ids)
         booked_gpus = _load_gpus(gpu_ids)
         node = _bookable_node(booked_gpus)
-        _check_slot_free(node=node, gpus=booked_gpus, start=start, end=end)
         limits = effective_limits(user)
-        if not actor.is_booking_admin:
-            check_limits(
-                limits=limits,
-                slot=(start, end),
-                asked=Period(start, end, _share(booked_gpus)),
-                held=_held(limits, user=user, start=start, end=end),
-                now=now,
-            )
-        needs_approval = not actor.is_booking_admin and _approval_required(node, limits)
-        reservation = Reservation.objects.create(
+        _check_booking(
+            user=user, actor=actor, node=node, gpus=booked_gpus, limits=limits, start=start, end=end, now=now
+        )
+        reservation = _create_booking(
             user=user,
+            actor=actor,
             node=node,
+            gpus=booked_gpus,
+            limits=limits,
             start=start,
             end=end,
             purpose=purpose,
-            status=Status.PENDING if needs_approval else Status.APPROVED,
-            created_by=actor,
-            created_at=now,
+            now=now,
         )
-        _write_allocations(reservation, booked_gpus)
-        _changed(actor, "create", reservation, before=None)
     return reservation
 
 
@@ -237,6 +216,17 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
         gpus = _load_gpus(gpu_ids)
         _bookable_node(gpus)
         _check_slot_free(node=locked.node, gpus=gpus, start=locked.end, end=new_end, reservation=locked)
+        # The added time as a booking of its own: reserved capacity of a group the owner is not in refuses it.
+        check_reserved_capacity(
+            user=locked.user,
+            actor=actor,
+            node=locked.node,
+            gpus=gpus,
+            start=locked.end,
+            end=new_end,
+            now=now,
+            exclude_reservation_id=locked.pk,
+        )
         limits = effective_limits(locked.user)
         if not actor.is_booking_admin:
             # A waiting extension made longer is judged with its booking: the slot approval would make.
@@ -289,6 +279,92 @@ def reservations_end_for_inactive_user(*, user: User, reason: str, actor: Any | 
             _cancel_pending_extensions(locked, actor=actor, now=now, reason=reason)
             ended.append(locked)
     return ended
+
+
+# --- one booking's steps, shared with recurring bookings (reservations/series.py) ---------------
+
+
+def _require_may_book(user: User, actor: Any) -> None:
+    """Whether ``actor`` may book for ``user`` at all (before any lock)."""
+    if actor.pk != user.pk and not actor.is_booking_admin:
+        raise NotAllowed("Only admins can book for someone else.")
+    if not user.is_active:
+        raise NotAllowed(f"{user.get_username()}'s account is disabled.")
+    if not user.unix_username and not user.unix_username_requested:
+        # A request waiting for an admin is enough to hold a slot; no GPU opens until it is confirmed.
+        raise InvalidBooking(
+            f"{user.get_username()} has no unix username yet, so the GPU nodes do not know which account "
+            f"gets the GPUs. {who_sets_unix_usernames()}",
+            field="unix_username",
+        )
+
+
+def _lock_booker(user: User, gpu_ids: list[int]) -> None:
+    """In a booking transaction: lock the user, then the GPUs, and check the account is still active."""
+    _lock_booking_rows(user_id=user.pk, gpu_ids=gpu_ids)
+    # Again under the user's row lock, which a deactivation's UPDATE needs too: either it committed
+    # first and this read sees it, or it comes after and its reaction ends this booking as well.
+    if not User.objects.filter(pk=user.pk, is_active=True).exists():
+        raise NotAllowed(f"{user.get_username()}'s account is disabled.")
+
+
+def _check_booking(
+    *,
+    user: User,
+    actor: Any,
+    node: Node,
+    gpus: list[Gpu],
+    limits: EffectiveLimits,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    also_held: Sequence[Period] = (),
+) -> None:
+    """Refuse [start, end) on ``gpus`` as a new booking would be refused (slot taken, maintenance, a limit),
+    under the locks of ``_lock_booker``. ``also_held`` is what the user is about to hold besides their
+    bookings (a series' earlier occurrences not written yet), counted by the limits. Reserved capacity
+    (reservations/reserved.py) is checked after the slot, and may lock the node last."""
+    _check_slot_free(node=node, gpus=gpus, start=start, end=end)
+    check_reserved_capacity(user=user, actor=actor, node=node, gpus=gpus, start=start, end=end, now=now)
+    if not actor.is_booking_admin:
+        check_limits(
+            limits=limits,
+            slot=(start, end),
+            asked=Period(start, end, _share(gpus)),
+            held=[*_held(limits, user=user, start=start, end=end), *also_held],
+            now=now,
+        )
+
+
+def _create_booking(
+    *,
+    user: User,
+    actor: Any,
+    node: Node,
+    gpus: list[Gpu],
+    limits: EffectiveLimits,
+    start: datetime,
+    end: datetime,
+    purpose: str,
+    now: datetime,
+    **fields: Any,
+) -> Reservation:
+    """Write a checked booking (pending where the node or the limits need an admin) and announce it."""
+    needs_approval = not actor.is_booking_admin and _approval_required(node, limits)
+    reservation = Reservation.objects.create(
+        user=user,
+        node=node,
+        start=start,
+        end=end,
+        purpose=purpose,
+        status=Status.PENDING if needs_approval else Status.APPROVED,
+        created_by=actor,
+        created_at=now,
+        **fields,
+    )
+    _write_allocations(reservation, gpus)
+    _changed(actor, "create", reservation, before=None)
+    return reservation
 
 
 # --- the rules ------------------------------------------------------------------------------
@@ -434,10 +510,14 @@ def _check_slot_free(
         raise _conflict(clashes)
 
 
+# How a clash's status reads in a refusal ("... by alice (reservation #12, pending)").
+_CLASH_NOTE: dict[str, str] = {Status.PENDING: ", pending", Status.OFFERED: ", offered from the waitlist"}
+
+
 def _conflict(clashes: list[Allocation]) -> SlotConflict:
     described = "; ".join(
         f"{a.gpu} is booked {format_period(a.start, a.end)} by {a.reservation.user.get_username()} "
-        f"(reservation #{a.reservation_id}{', pending' if a.reservation.status == Status.PENDING else ''})"
+        f"(reservation #{a.reservation_id}{_CLASH_NOTE.get(a.reservation.status, '')})"
         for a in clashes
     )
     return SlotConflict(

@@ -14,6 +14,19 @@
 In the transaction: the audit record (reservations/receivers.py) and the mails, written to the outbox
 (notifications/receivers.py). Once committed: the node's lease push (reservations/receivers.py), the
 status cards and the calendar broadcasts (live/receivers.py).
+
+``reserved_capacity_released`` is sent once per occurrence of reserved capacity (reservations/reserved.py) when
+its release time has passed, by the beat task ``reservations.release_reserved_capacity``
+(reservations/reserved_release.py), with ``sender=ReservedCapacity`` and:
+
+- ``reserved``: the ReservedCapacity row; ``node``: its node;
+- ``gpu_ids``: the GPUs it kept (the ids of the cards or slices), or ``[]`` for "any N GPUs of the node"
+  (``count`` is then N);
+- ``count``: N, or None for named GPUs;
+- ``start`` / ``end``: the freed occurrence (aware, UTC), which anyone may now book.
+
+In the transaction that records the release (ReservedRelease, unique per occurrence); once committed, what
+frees time for others reacts (the waitlist).
 """
 
 from __future__ import annotations
@@ -21,3 +34,4 @@ from __future__ import annotations
 from kernel.signals import PhasedSignal
 
 reservation_changed = PhasedSignal("reservation_changed")
+reserved_capacity_released = PhasedSignal("reserved_capacity_released")

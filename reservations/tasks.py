@@ -12,6 +12,8 @@ from reservations.models import Reservation
 # The lease pushes live beside what they push; imported here so that the worker registers them.
 from reservations.pushes import push_all_leases, push_node_leases  # noqa: F401
 from reservations.receivers import DEACTIVATED
+from reservations.reserved_release import reserved_release_due
+from reservations.series import series_book_due
 
 
 @shared_task(name="reservations.end_inactive_bookings", ignore_result=True)
@@ -24,3 +26,17 @@ def end_inactive_bookings() -> int:
         reservations__end__gt=timezone.now(),
     ).distinct()
     return sum(len(services.reservations_end_for_inactive_user(user=user, reason=DEACTIVATED)) for user in users)
+
+
+@shared_task(name="reservations.book_due_series", ignore_result=True)
+def book_due_series() -> int:
+    """Beat, daily: every recurring series books the occurrences that came within its owner's reach
+    (reservations/series.py, skipping conflicts). Idempotent. Returns how many were booked."""
+    return series_book_due()
+
+
+@shared_task(name="reservations.release_reserved_capacity", ignore_result=True)
+def release_reserved_capacity() -> int:
+    """Beat, every 5 minutes: occurrences of reserved capacity whose release time has passed are announced,
+    each once (reservations/reserved_release.py). Idempotent. Returns how many were announced now."""
+    return reserved_release_due()

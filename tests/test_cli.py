@@ -415,3 +415,83 @@ def test_mig_slices_are_listed_found_and_booked_by_profile(cli_for, alice, gpus,
     assert [gpu["id"] for gpu in booked["gpus"]] == [slices[0].pk]
     refused = cli("book", "--gpu-ids", str(slices[1].pk), "--profile", "2g.20gb", "--start", iso(start), "--hours", 1)
     assert refused.returncode != 0 and "--gpu-ids does not take --profile" in refused.stderr
+
+
+# --- series (book --repeat) ----------------------------------------------------------------------
+
+
+def test_book_repeat_previews_then_books_a_series_and_prints_each_occurrence(cli_for, alice, bob, gpus, start):
+    reservation_create(user=bob, gpus=gpus[:1], start=start + timedelta(days=1), end=start + timedelta(days=1, hours=1))
+    cli = cli_for(alice)
+    args = ("book", "--gpu-ids", gpus[0].pk, "--start", iso(start), "--hours", 1, "--repeat", "FREQ=DAILY;COUNT=3")
+    preview = cli(*args, "--timezone", "UTC", "--preview")
+    assert preview.returncode == 0, preview.stderr
+    lines = preview.stdout.splitlines()
+    assert lines[0] == "Preview: nothing was booked."
+    assert "can be booked" in lines[1] and "refused: Slot taken:" in lines[2] and "bob" in lines[2]
+    assert lines[-1] == "2 of 3 occurrences can be booked, 1 refused."
+    assert not Reservation.objects.filter(user=alice).exists()
+
+    refused = cli(*args, "--timezone", "UTC")
+    assert refused.returncode == 1
+    assert "not booked (all or nothing)" in refused.stderr
+    assert "error: 1 of 3 occurrences cannot be booked, so none was (all or nothing)" in refused.stderr
+
+    booked = cli(*args, "--timezone", "UTC", "--skip-conflicts")
+    assert booked.returncode == 0, booked.stderr
+    assert booked.stdout.startswith("Series #") and "FREQ=DAILY;COUNT=3, UTC" in booked.stdout
+    assert booked.stdout.count(" booked #") == 2
+    assert Reservation.objects.filter(user=alice, series__isnull=False).count() == 2
+
+
+def test_repeat_options_without_repeat_are_usage_errors(cli_for, alice, gpus, start):
+    result = cli_for(alice)("book", "--gpu-ids", gpus[0].pk, "--start", iso(start), "--hours", 1, "--preview")
+    assert result.returncode == 2
+    assert "--skip-conflicts, --preview and --timezone go with --repeat" in result.stderr
+
+
+def test_a_bad_repeat_rule_fails_with_the_portals_words(cli_for, alice, gpus, start):
+    result = cli_for(alice)(
+        "book", "--gpu-ids", gpus[0].pk, "--start", iso(start), "--hours", 1, "--repeat", "FREQ=DAILY"
+    )
+    assert_clean_failure(result, 1)
+    assert "The repeat rule must end: add UNTIL=YYYYMMDD" in result.stderr
+
+
+def test_series_lists_shows_books_within_reach_and_cancels(cli_for, alice, gpus, start):
+    cli = cli_for(alice)
+    made = cli.json(
+        "book",
+        "--gpu-ids",
+        gpus[0].pk,
+        "--start",
+        iso(start),
+        "--hours",
+        1,
+        "--repeat",
+        "FREQ=DAILY;COUNT=3",
+        "--timezone",
+        "UTC",
+    )
+    series_id = made["series"]["id"]
+    listing = cli("series")
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stdout.splitlines()[0].split() == ["ID", "NODE", "START", "LENGTH", "ZONE", "RULE"]
+    assert "FREQ=DAILY;COUNT=3" in listing.stdout and "60 min" in listing.stdout
+
+    shown = cli("series", series_id)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.count("approved") == 3
+
+    nothing = cli("series", series_id, "--book-now")
+    assert nothing.returncode == 0, nothing.stderr
+    assert "Nothing to book" in nothing.stdout
+
+    day = (start + timedelta(days=1)).date().isoformat()
+    cancelled = cli("series", series_id, "--cancel", "--from", day)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.count("cancelled") == 2 and cancelled.stdout.count("approved") == 1
+    assert Reservation.objects.filter(series_id=series_id, status="approved").count() == 1
+
+    misuse = cli("series", "--cancel")
+    assert misuse.returncode == 2 and "--cancel and --book-now need a series id" in misuse.stderr

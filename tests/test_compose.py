@@ -185,9 +185,11 @@ def test_the_demo_writes_the_agent_configs_where_scripts_run_does(services: dict
     assert (shell, flag) == ("sh", "-c")
     steps = [shlex.split(step) for step in script.split(" && ")]
     assert steps[0] == ["python", "manage.py", "demo_lab"]
-    assert steps[1][:5] == ["python", "manage.py", "demo_agents", "--dir", "var/agents"]
-    assert steps[1][5:] == ["--portal-url", "http://web:8000"]
-    assert "manage.py demo_agents --dir var/agents" in (ROOT / "scripts" / "run").read_text()
+    assert steps[1] == ["python", "manage.py", "demo_waitlist"]  # groups, fair shares, a waitlist entry
+    assert steps[2][:5] == ["python", "manage.py", "demo_agents", "--dir", "var/agents"]
+    assert steps[2][5:] == ["--portal-url", "http://web:8000"]
+    run = (ROOT / "scripts" / "run").read_text()
+    assert "manage.py demo_agents --dir var/agents" in run and "manage.py demo_waitlist" in run
     assert services["demo"]["restart"] == "no"
 
 

@@ -130,7 +130,13 @@
 
   // --- the API ---------------------------------------------------------------------------------
 
-  class ApiError extends Error {}
+  class ApiError extends Error {
+    constructor(message, code, details) {
+      super(message);
+      this.code = code;  // the API's error code, such as slot_conflict
+      this.details = details;  // the API's details, such as a refused series' report
+    }
+  }
 
   function csrfToken() {
     const cookie = document.cookie.split('; ').find((part) => part.startsWith('csrftoken='));
@@ -159,7 +165,7 @@
     }
     if (!response.ok) {
       const message = data?.error?.message || `The portal answered ${response.status} ${response.statusText}.`;
-      throw new ApiError(message);
+      throw new ApiError(message, data?.error?.code, data?.error?.details);
     }
     return data;
   }
@@ -460,6 +466,8 @@
     ];
     if (ext.status === 'pending') {
       parts.push('pending approval');
+    } else if (ext.status === 'offered') {
+      parts.push('offered from the waitlist');
     }
     return parts.join(', ');
   }
@@ -468,6 +476,9 @@
     const ext = event.extendedProps;
     if (ext.kind === 'maintenance') {
       return {domNodes: [element('span', 'maintenance-label', event.title)]};
+    }
+    if (ext.kind === 'reserved') {  // capacity kept for a group: members and admins may still book inside
+      return {domNodes: [element('span', 'reserved-label', event.title)]};
     }
     if (ext.kind === 'load') {
       return {domNodes: [element('span', 'load-label', ext.label)]};
@@ -485,7 +496,8 @@
     if (view.type === 'resourceTimelineDay' && timeText) {
       nodes.push(element('span', 'ec-event-time', timeText));
     }
-    nodes.push(element('span', 'ec-event-title', event.title + (ext.status === 'pending' ? ' (pending)' : '')));
+    const note = {pending: ' (pending)', offered: ' (offered)'}[ext.status] || '';
+    nodes.push(element('span', 'ec-event-title', event.title + note));
     nodes.push(element('span', 'sr-only', `: ${describeBooking(bookingOf(event))}`));
     return {domNodes: nodes};
   }
@@ -496,6 +508,9 @@
       el.dataset.reservationId = ext.reservation;
     } else if (ext.kind === 'maintenance') {
       el.dataset.maintenanceId = ext.maintenance;
+    } else if (ext.kind === 'reserved') {
+      el.dataset.reservedId = ext.reserved;
+      el.title = ext.member ? `${event.title}: you may book it` : `${event.title}: only its members book here`;
     }
   }
 
@@ -565,6 +580,7 @@
     booking.start.value = toInputValue(startWall);
     booking.end.value = toInputValue(endWall);
     booking.purpose.value = '';
+    window.GpuSeries?.reset();
     describeSlot();
     showError(booking.error, '');
     booking.dialog.showModal();
@@ -606,6 +622,11 @@
       showError(booking.error, 'The end must be after the start.');
       return;
     }
+    const series = window.GpuSeries?.rule();
+    if (series) {
+      await bookSeries(series, chosen, start, end, event.submitter?.id === 'booking-preview');
+      return;
+    }
     showError(booking.error, '');
     booking.submit.disabled = true;
     try {
@@ -620,10 +641,48 @@
         (made.status === 'pending' ? ': it waits for an admin\'s approval.' : '.'));
     } catch (error) {
       showError(booking.error, error.message);
+      if (error.code === 'slot_conflict') {
+        offerWaitlist(booking.error, chosen, instantOf(start), instantOf(end));
+      }
     } finally {
       booking.submit.disabled = false;
     }
   });
+
+  /** A repeating booking (static/js/series_dialog.js): preview or book the series and show its report, which
+   * stays in the dialog; a refused all-or-nothing series shows the report that says which occurrences. */
+  async function bookSeries(series, gpus, start, end, previewOnly) {
+    if (series.problem) {
+      showError(booking.error, series.problem);
+      return;
+    }
+    showError(booking.error, '');
+    booking.submit.disabled = true;
+    try {
+      const made = await api('POST', config.urls.series, {
+        gpus, start: instantOf(start), end: instantOf(end), purpose: booking.purpose.value, repeat: series.rule,
+        mode: series.mode, timezone: config.time_zone.name, preview: previewOnly,
+      });
+      window.GpuSeries.showReport(made.report, made.series?.url);
+      if (!previewOnly) {
+        calendar.refetchEvents();
+        announce(`Series #${made.series.id}: ${made.report.summary}`);
+      }
+    } catch (error) {
+      window.GpuSeries.showReport(error.details?.occurrences ? error.details : null);
+      showError(booking.error, error.message);
+    } finally {
+      booking.submit.disabled = false;
+    }
+  }
+
+  /** After a "slot taken" refusal: a link to wait for those GPUs and that time (the waitlist page, prefilled). */
+  function offerWaitlist(el, gpus, start, end) {
+    const query = new URLSearchParams({gpus: gpus.join(','), start, end});
+    const link = element('a', 'join-waitlist', 'Join the waitlist for it');
+    link.href = `${config.urls.waitlist}?${query}`;
+    el.append(' ', link);
+  }
 
   booking.dialog.addEventListener('close', () => {
     calendar.unselect();
@@ -674,6 +733,15 @@
     ];
     if (ext.status === 'pending') {
       rows.push(...detail('Status', 'Pending approval'));
+    } else if (ext.status === 'offered') {
+      // Held for someone on the waitlist; its holder claims (or declines) it on their waitlist page.
+      const status = element('dd', '', 'Offered from the waitlist');
+      if (ext.mine) {
+        const claim = element('a', 'claim-offer', 'Claim or decline it on your waitlist');
+        claim.href = config.urls.waitlist;
+        status.append(': ', claim);
+      }
+      rows.push(element('dt', '', 'Status'), status);
     } else if (ext.mine || config.is_admin) {
       const running = msOf(current.startWall) <= Date.now() && Date.now() < msOf(current.endWall);
       rows.push(...detail('Status', running ? 'Approved, running now' : 'Approved'));

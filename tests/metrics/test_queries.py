@@ -12,7 +12,9 @@ from tests.conftest import at
 from tests.factories import book, node_with_gpus
 from tests.metrics.conftest import reading
 
-QUERIES = 6  # the status cards (3), lease versions (1), bookings (1), periodic jobs (1)
+# The status cards (3), lease versions (1), bookings (1), periodic jobs (1), fair share (4: bookings, usage
+# hours, people, group memberships with their shares), the waitlist (1).
+QUERIES = 11
 
 
 def grow(count: int, users) -> None:

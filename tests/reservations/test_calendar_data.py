@@ -349,8 +349,8 @@ def test_the_answer_costs_the_same_few_queries_whatever_the_number_of_bookings(
             reservation_create(user=owner, gpus=[gpu], start=at(hour + 1), end=at(hour + 3))
     MaintenanceWindow.objects.create(node=gpus[0].node, start=at(160), end=at(161))
 
-    # token lookup, nodes, GPUs, allocations, reservations, maintenance windows
-    with django_assert_max_num_queries(6):
+    # token lookup, nodes, GPUs, allocations, reservations, maintenance windows, reserved capacity
+    with django_assert_max_num_queries(7):
         response = client.get(URL, week)
 
     assert response.status_code == 200
@@ -384,7 +384,12 @@ def test_the_page_carries_its_config_and_the_vendored_calendar(alice, node):
         assert anchor in html
     assert "Europe/Berlin" in html
     config = json.loads(html.split('<script id="calendar-config" type="application/json">')[1].split("</script>")[0])
-    assert config["urls"] == {"calendar": "/api/v1/calendar/", "reservations": "/api/v1/reservations/"}
+    assert config["urls"] == {
+        "calendar": "/api/v1/calendar/",
+        "reservations": "/api/v1/reservations/",
+        "series": "/api/v1/series/",
+        "waitlist": "/waitlist/",
+    }
     assert config["user"] == "alice"
     assert config["is_admin"] is False
     assert config["grid_minutes"] == 15

@@ -1,0 +1,86 @@
+"""Capacity freed anywhere goes to the waitlist, in the transaction that frees it (waitlist/services.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Max
+from django.db.models.signals import post_delete, post_save, pre_save
+from django.dispatch import receiver
+from django.utils import timezone
+
+from nodes.models import Gpu
+from nodes.signals import gpu_returned
+from reservations.models import MaintenanceWindow, Reservation
+from reservations.signals import reservation_changed, reserved_capacity_released
+from waitlist.models import Entry
+from waitlist.services import offers_for_freed
+
+# A change with these verbs frees its booking's whole slot (what is left of it); a release frees the rest.
+_FREES_ALL = {"cancel", "reject"}
+_HELD = {Reservation.Status.PENDING, Reservation.Status.APPROVED, Reservation.Status.OFFERED}
+
+
+@receiver(reservation_changed.in_transaction)
+def offer_freed_slot(
+    sender: type, reservation: Reservation, verb: str, before: dict[str, Any] | None, after: dict[str, Any], **kw: Any
+) -> None:
+    if before is None or before["status"] not in _HELD:
+        return
+    if verb in _FREES_ALL:
+        start, end = before["start"], before["end"]
+    elif verb == "release":
+        start, end = after["end"], before["end"]
+    else:
+        return
+    gpu_ids = list(reservation.allocations.values_list("gpu_id", flat=True))
+    offers_for_freed(
+        node=reservation.node,
+        gpu_ids=gpu_ids,
+        start=datetime.fromisoformat(start),
+        end=datetime.fromisoformat(end),
+        now=timezone.now(),
+    )
+
+
+@receiver(pre_save, sender=MaintenanceWindow)
+def remember_maintenance_period(sender: Any, instance: MaintenanceWindow, **kwargs: Any) -> None:
+    """A window moved or shortened frees its old period: keep it for post_save."""
+    old = MaintenanceWindow.objects.filter(pk=instance.pk).values("start", "end").first() if instance.pk else None
+    instance._waitlist_old_period = (old["start"], old["end"]) if old else None  # type: ignore[attr-defined]
+
+
+@receiver([post_save, post_delete], sender=MaintenanceWindow)
+def offer_after_maintenance(sender: Any, instance: MaintenanceWindow, **kwargs: Any) -> None:
+    """Maintenance lifted (deleted, moved or shortened): its old period is offered to whoever waits for it."""
+    period = (instance.start, instance.end) if kwargs["signal"] is post_delete else None
+    period = period or getattr(instance, "_waitlist_old_period", None)
+    if period is None:
+        return
+    units = Gpu.objects.filter(pk=instance.gpu_id) if instance.gpu_id else Gpu.objects.filter(node_id=instance.node_id)
+    offers_for_freed(
+        node=instance.node,
+        gpu_ids=units.values_list("pk", flat=True),
+        start=period[0],
+        end=period[1],
+        now=timezone.now(),
+    )
+
+
+@receiver(reserved_capacity_released.in_transaction)
+def offer_released_capacity(
+    sender: type, node: Any, gpu_ids: list[int], start: datetime, end: datetime, **kwargs: Any
+) -> None:
+    """Reserved capacity its group did not book opens to everyone: whoever waits for it is offered it first."""
+    units = list(gpu_ids) or list(Gpu.objects.filter(node=node).values_list("pk", flat=True))
+    offers_for_freed(node=node, gpu_ids=units, start=start, end=end, now=timezone.now())
+
+
+@receiver(gpu_returned.in_transaction)
+def offer_returned_gpu(sender: type, gpu: Gpu, **kwargs: Any) -> None:
+    """A drained GPU back in service: whoever waits on its node may have it, from now to the last open window."""
+    now = timezone.now()
+    last = Entry.objects.filter(status=Entry.Status.WAITING, latest_end__gt=now).aggregate(last=Max("latest_end"))
+    if last["last"] is not None:
+        offers_for_freed(node=gpu.node, gpu_ids=[gpu.pk], start=now, end=last["last"], now=now)
