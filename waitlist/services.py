@@ -43,6 +43,7 @@ from reservations.exceptions import BookingError, InvalidBooking, InvalidState, 
 from reservations.limits import effective_limits
 from reservations.models import Reservation
 from reservations.offers import offer_accept, offer_create, offer_fits_limits, offer_withdraw
+from reservations.reserved import restrictions_for, room_left, within_room
 from reservations.timegrid import ceil_to_grid, floor_to_grid, format_moment, grid
 from waitlist import selectors
 from waitlist.models import Entry
@@ -293,16 +294,23 @@ def _first_fit(
     units = specific or known.units(profile=entry.profile, model=entry.gpu_model)
     if len(units) < entry.count:
         return None
+    # Capacity reserved for groups the person is not in is not theirs to be offered (reservations/reserved.py).
+    kept = restrictions_for(user=entry.user, nodes=[node], start=first, end=last + entry.duration, now=now)
+    taken = [*known.places, *(booking.Place(*place) for place in kept.places)]
     moment, tried = first, 0
     while moment <= last and tried < _MOST_STARTS:
         slot_start, slot_end = max(moment, now.replace(microsecond=0)), moment + entry.duration
         moment += grid()
-        free = [unit for unit in units if booking.is_free(unit, known.places, slot_start, slot_end)]
+        free = [unit for unit in units if booking.is_free(unit, taken, slot_start, slot_end)]
         if len(free) < entry.count or (specific and len(free) < len(units)):
             continue
         # The freed units first, so that a slot freed on GPU 2 is not offered as GPU 0 and 1 (whatever is free
         # on the node serves as well: a GPU back from a drain frees capacity without any booking changing).
         free.sort(key=lambda unit: unit.pk not in freed_ids)
+        if kept.counted:
+            free = within_room(free, room_left(node=node, counted=kept.counted, start=slot_start, end=slot_end))
+            if len(free) < entry.count:
+                continue
         chosen = free[: entry.count]
         tried += 1
         if not entry.user.is_booking_admin:
