@@ -445,7 +445,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Unreachable as exc:
         return _fail(str(exc), EXIT_UNREACHABLE)
     except ApiError as exc:
-        hint = f"\n{waitlist_hint(args)}" if exc.code == "slot_conflict" and args.command == "book" else ""
+        waitable = exc.code in ("slot_conflict", "reserved") and args.command == "book"
+        hint = f"\n{waitlist_hint(args)}" if waitable else ""
         return _fail(f"{exc}{hint}", EXIT_API_ERROR)
     except ClientError as exc:
         return _fail(str(exc), EXIT_API_ERROR)

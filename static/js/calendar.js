@@ -641,7 +641,7 @@
         (made.status === 'pending' ? ': it waits for an admin\'s approval.' : '.'));
     } catch (error) {
       showError(booking.error, error.message);
-      if (error.code === 'slot_conflict') {
+      if (error.code === 'slot_conflict' || error.code === 'reserved') {  // taken, or kept for a group: wait
         offerWaitlist(booking.error, chosen, instantOf(start), instantOf(end));
       }
     } finally {
