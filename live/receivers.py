@@ -57,7 +57,8 @@ def maintenance_changed(sender: Any, instance: MaintenanceWindow, **kwargs: Any)
 @receiver([post_save, post_delete], sender=ReservedCapacity)
 def reserved_capacity_changed(sender: Any, instance: ReservedCapacity, **kwargs: Any) -> None:
     # A repeating window reaches far beyond its first occurrence: the node's calendars reload whatever they show.
-    node = Node.objects.filter(pk=instance.node_id).values_list("name", flat=True).first()
+    # A count of a model (no node) shows on every node that has the model: every calendar reloads.
+    node = Node.objects.filter(pk=instance.node_id).values_list("name", flat=True).first() if instance.node_id else None
     _calendar_after_commit(node=node)
 
 
@@ -68,9 +69,9 @@ def reserved_gpus_changed(sender: Any, instance: Any, action: str, **kwargs: Any
 
 
 @receiver(reserved_capacity_released.on_commit)
-def reserved_capacity_freed(sender: type, node: Node, start: Any, end: Any, **kwargs: Any) -> None:
-    # The band of a released occurrence goes from the calendars.
-    broadcast.send_calendar_change(node=node.name, start=start.isoformat(), end=end.isoformat())
+def reserved_capacity_freed(sender: type, node: Node | None, start: Any, end: Any, **kwargs: Any) -> None:
+    # The band of a released occurrence goes from the calendars (every node's, for a count of a model).
+    broadcast.send_calendar_change(node=node.name if node else None, start=start.isoformat(), end=end.isoformat())
 
 
 @receiver([post_save, post_delete], sender=Node)

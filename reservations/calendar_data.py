@@ -250,14 +250,22 @@ def _reserved_events(
     if not occurrences:
         return []
     groups = set(user.groups.values_list("pk", flat=True)) if getattr(user, "pk", None) else set()
+    nodes_of_model: dict[str, set[str]] = {}
+    anywhere = {o.reserved.gpu_model for o in occurrences if o.reserved.node_id is None}
+    if anywhere:  # counts of a model on any node: which nodes have it (one more query, only then)
+        for model, name in Gpu.objects.filter(model__in=anywhere).values_list("model", "node__name").distinct():
+            nodes_of_model.setdefault(model, set()).add(name)
     events = []
     for occurrence in occurrences:
         reserved = occurrence.reserved
         group = reserved.group.name
         gpu_ids = sorted(gpu.pk for gpu in reserved.gpus.all())
         if reserved.count:
-            title = f"{reserved.count} GPU{'s' if reserved.count != 1 else ''} reserved for {group}"
-            row_ids = [row_of_node[reserved.node.name]] if reserved.node.name in row_of_node else []
+            of_model = f" of model {reserved.gpu_model}" if reserved.gpu_model else ""
+            title = f"{reserved.count} GPU{'s' if reserved.count != 1 else ''}{of_model} reserved for {group}"
+            # A count of a model on any node: the band is on every node row that has the model.
+            names = [reserved.node.name] if reserved.node else sorted(nodes_of_model.get(reserved.gpu_model, ()))
+            row_ids = [row_of_node[name] for name in names if name in row_of_node]
         else:
             title = f"reserved: {group}"
             row_ids = [row for gpu_id in gpu_ids for row in rows_of_gpu.get(gpu_id, [f"gpu-{gpu_id}"])]
@@ -276,7 +284,8 @@ def _reserved_events(
                     "kind": "reserved",
                     "reserved": reserved.pk,
                     "group": group,
-                    "node": reserved.node.name,
+                    "node": reserved.node.name if reserved.node else None,
+                    "model": reserved.gpu_model or None,
                     "gpus": gpu_ids,
                     "count": reserved.count,
                     "member": reserved.group_id in groups or bool(user.is_booking_admin),

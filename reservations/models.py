@@ -331,17 +331,32 @@ class Series(models.Model):
 
 
 class ReservedCapacity(models.Model):
-    """Capacity kept for one group (a lab group or a project: both are django.contrib.auth groups) on a node,
-    once or repeating: specific GPUs (cards or MIG slices), or any ``count`` GPUs of the node.
+    """Capacity kept for one group (a lab group or a project: both are django.contrib.auth groups), once or
+    repeating: specific GPUs (cards or MIG slices) of a node, any ``count`` GPUs of a node, or any ``count`` GPUs
+    of a model (``gpu_model``, on whichever nodes have it; ``node`` empty).
 
     Inside an occurrence only the group's members (and booking admins) book the reserved GPUs; with a count,
-    everyone else together holds at most the node's bookable GPUs minus ``count``. From ``release_hours_before``
-    hours before an occurrence's start (empty: the site's RESERVED_RELEASE_HOURS; 0: never) the occurrence
-    restricts nobody any more. The rules are in reservations/reserved.py and docs/booking-rules.md.
+    everyone else together holds at most the node's (or the model's) bookable GPUs minus ``count``. From
+    ``release_hours_before`` hours before an occurrence's start (empty: the site's RESERVED_RELEASE_HOURS; 0:
+    never) the occurrence restricts nobody any more. The rules are in reservations/reserved.py and
+    docs/booking-rules.md.
     """
 
     group = models.ForeignKey("auth.Group", on_delete=models.CASCADE, related_name="reserved_capacity")
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="reserved_capacity")
+    node = models.ForeignKey(
+        Node,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="reserved_capacity",
+        help_text="The node of the GPUs or of the count; empty for a count of a GPU model on any node.",
+    )
+    gpu_model = models.CharField(
+        "GPU model",
+        max_length=100,
+        blank=True,
+        help_text="With a count and no node: keep that many GPUs of this model (as the GPUs list it), on any node.",
+    )
     gpus = models.ManyToManyField(
         Gpu,
         blank=True,
@@ -388,12 +403,31 @@ class ReservedCapacity(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(end__gt=F("start")), name="reserved_end_after_start"),
             models.CheckConstraint(condition=Q(count__isnull=True) | Q(count__gt=0), name="reserved_count_positive"),
+            # A node, or a count of a model on any node.
+            models.CheckConstraint(
+                condition=Q(node__isnull=False) | (Q(count__isnull=False) & ~Q(gpu_model="")),
+                name="reserved_node_or_model_count",
+            ),
         ]
         indexes = [models.Index(fields=["node", "start"], name="reserved_node_start_idx")]
 
     def __str__(self) -> str:
         what = f"{self.count} GPUs" if self.count else "GPUs"
-        return f"{what} of {self.node.name} for {self.group.name}" + (f" ({self.label})" if self.label else "")
+        return f"{what} of {self.where} for {self.group.name}" + (f" ({self.label})" if self.label else "")
+
+    @property
+    def where(self) -> str:
+        """What the capacity is kept on, in words: "gpu-a100", "model NVIDIA H100", or both."""
+        model = f"model {self.gpu_model}" if self.gpu_model else ""
+        if self.node is None:
+            return model
+        return f"{self.node.name} ({model})" if model else self.node.name
+
+    def covers(self, unit: Gpu) -> bool:
+        """Whether a count of this window is taken from ``unit`` (on its node, of its model)."""
+        if self.node_id is not None and unit.node_id != self.node_id:
+            return False
+        return not self.gpu_model or self.gpu_model in (unit.model, unit.parent.model if unit.parent else "")
 
 
 class ReservedRelease(models.Model):

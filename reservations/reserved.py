@@ -6,10 +6,12 @@ takes a slot (a booking, a series occurrence, an extension's added time, a waitl
 - inside an occurrence that has not been released, only the group's members book the reserved GPUs: a
   non-member's unit that shares a part of a card with a reserved unit (the GPU itself, a slice of a reserved
   card, the card of a reserved slice) is refused;
-- with a count N instead of GPUs, non-members together hold at most the node's bookable GPUs minus N over the
-  occurrence: the peak of their live holdings over the overlap plus what is asked. That sum depends on other
-  people's bookings, so the check locks the node's row first (after the user and the cards: the booking lock
-  order) and two non-members queue up instead of both taking the last unreserved GPU;
+- with a count N instead of GPUs, non-members together hold at most the bookable GPUs the window counts from
+  (its node's, or its model's on every node, or its model's on its node) minus N over the occurrence: the peak
+  of their live holdings there over the overlap plus what they ask of it. That sum depends on other people's
+  bookings, so the check takes the window's own lock (a transaction-scoped advisory lock per window, in window
+  order, after the user and the cards: the booking lock order) and two non-members queue up instead of both
+  taking the last unreserved GPU;
 - booking admins book anywhere, as they book past the limits;
 - from ``release_hours_before`` hours before its start (the site's RESERVED_RELEASE_HOURS when unset; 0 never)
   an occurrence restricts nobody: its members' bookings keep their own slots, the rest is free for anyone, and
@@ -34,6 +36,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from accounts.models import User
+from kernel.locks import advisory_xact_lock
 from nodes.models import BOOKABLE_GPUS, Gpu, Node, card_share
 from reservations.exceptions import InvalidBooking, ReservedConflict
 from reservations.models import Allocation, ReservedCapacity
@@ -118,7 +121,9 @@ def reserved_overlapping(
         Q(end__gt=start) | (~Q(rule="") & Q(start__gt=start - reach))
     )
     if nodes is not None:
-        windows = windows.filter(node__in=[node.pk for node in nodes])
+        node_ids = [node.pk for node in nodes]
+        models_there = Gpu.objects.filter(node__in=node_ids).values("model")
+        windows = windows.filter(Q(node__in=node_ids) | Q(node__isnull=True, gpu_model__in=models_there))
     windows = windows.select_related("group", "node").prefetch_related("gpus__node")
     found = [
         occurrence
@@ -153,7 +158,7 @@ def check_reserved_capacity(
 ) -> None:
     """Refuse ``user`` taking ``gpus`` (units of ``node``) over [start, end) where reserved capacity keeps it
     from them (ReservedConflict, a 409 naming the group, the GPUs and the window). Called in the booking
-    transaction after the user's and the cards' locks; it locks the node's row when a count applies."""
+    transaction after the user's and the cards' locks; it takes the windows' own locks when a count applies."""
     if getattr(actor, "is_booking_admin", False):
         return
     occurrences = reserved_overlapping(start=start, end=end, now=now, nodes=[node])
@@ -166,47 +171,63 @@ def check_reserved_capacity(
             hit = [unit for unit in gpus if any(_same_part(unit, kept) for kept in occurrence.reserved.gpus.all())]
             if hit:
                 raise _gpus_refused(occurrence, hit)
-    counted = [o for o in outside if o.reserved.count is not None]
+    counted = [(o, [unit for unit in gpus if o.reserved.covers(unit)]) for o in outside if o.reserved.count is not None]
+    counted = [(occurrence, units) for occurrence, units in counted if units]
     if not counted:
         return
-    lock_node(node)
-    asked = sum((unit.share_of(unit.parent) for unit in gpus), Fraction(0))
-    capacity = node_capacity(node)
-    for occurrence in counted:
+    lock_windows([occurrence.reserved for occurrence, _ in counted])
+    for occurrence, units in counted:
+        asked = sum((unit.share_of(unit.parent) for unit in units), Fraction(0))
+        capacity = capacity_of(occurrence.reserved)
         o_start, o_end = max(start, occurrence.start), min(end, occurrence.end)
         held = others_peak(
-            node=node, occurrence=occurrence, start=o_start, end=o_end, exclude_reservation_id=exclude_reservation_id
+            occurrence=occurrence, start=o_start, end=o_end, exclude_reservation_id=exclude_reservation_id
         )
         allowed = capacity - (occurrence.reserved.count or 0)
         if held + asked > allowed:
             raise _count_refused(occurrence, capacity=capacity, held=held, asked=asked, allowed=allowed)
 
 
-def lock_node(node: Node) -> None:
-    """A count depends on everyone else's bookings of the node: its row makes non-members queue up (taken last,
-    after the user and the cards; never the other way round)."""
-    list(Node.objects.select_for_update().filter(pk=node.pk).values_list("pk", flat=True))
+# Advisory-lock numbers of reserved windows: this base plus the window's id (PostgreSQL's bigint key).
+_LOCK_BASE = 7_446_100_000
+
+
+def lock_windows(windows: Iterable[ReservedCapacity]) -> None:
+    """A count depends on everyone else's bookings where it counts (a node, or a model on every node): the
+    window's own lock makes non-members queue up, taken in window order after the user and the cards (never the
+    other way round). An advisory lock, not a row: admins saving nodes or windows never wait for it."""
+    for pk in sorted({window.pk for window in windows}):
+        advisory_xact_lock(_LOCK_BASE + pk)
 
 
 def node_capacity(node: Node) -> int:
-    """The node's bookable cards, which a count of reserved GPUs is taken from."""
+    """The node's bookable cards, which a count of reserved GPUs of the node is taken from."""
     return Gpu.objects.filter(BOOKABLE_GPUS, node=node, parent__isnull=True).count()
 
 
+def capacity_of(reserved: ReservedCapacity) -> int:
+    """The bookable cards a window's count is taken from: its node's, its model's on every node, or both."""
+    cards = Gpu.objects.filter(BOOKABLE_GPUS, parent__isnull=True)
+    if reserved.node_id is not None:
+        cards = cards.filter(node_id=reserved.node_id)
+    if reserved.gpu_model:
+        cards = cards.filter(model=reserved.gpu_model)
+    return cards.count()
+
+
 def others_peak(
-    *,
-    node: Node,
-    occurrence: ReservedOccurrence,
-    start: datetime,
-    end: datetime,
-    exclude_reservation_id: int | None = None,
+    *, occurrence: ReservedOccurrence, start: datetime, end: datetime, exclude_reservation_id: int | None = None
 ) -> Fraction:
-    """The most GPUs non-members of the occurrence's group hold at once on ``node`` within [start, end) (live
-    bookings and offers: every active allocation; a slice counts as its share of its card)."""
-    members = occurrence.reserved.group.user_set.values("pk")
-    rows = Allocation.objects.filter(active=True, card__node=node, start__lt=end, end__gt=start).exclude(
-        reservation__user__in=members
-    )
+    """The most GPUs non-members of the occurrence's group hold at once where its count is taken from (its node,
+    or its model on every node) within [start, end) (live bookings and offers: every active allocation; a slice
+    counts as its share of its card)."""
+    reserved = occurrence.reserved
+    members = reserved.group.user_set.values("pk")
+    rows = Allocation.objects.filter(active=True, start__lt=end, end__gt=start).exclude(reservation__user__in=members)
+    if reserved.node_id is not None:
+        rows = rows.filter(card__node_id=reserved.node_id)
+    if reserved.gpu_model:
+        rows = rows.filter(card__model=reserved.gpu_model)
     if exclude_reservation_id is not None:
         rows = rows.exclude(reservation_id=exclude_reservation_id)
     changes: list[tuple[datetime, Fraction]] = []
@@ -254,7 +275,8 @@ def _details(occurrence: ReservedOccurrence, **extra: Any) -> dict[str, Any]:
             "id": reserved.pk,
             "group": reserved.group.name,
             "label": reserved.label,
-            "node": reserved.node.name,
+            "node": reserved.node.name if reserved.node else None,
+            "model": reserved.gpu_model or None,
             "gpus": sorted(gpu.pk for gpu in reserved.gpus.all()),
             "count": reserved.count,
             "start": occurrence.start.astimezone(UTC).isoformat(),
@@ -270,7 +292,7 @@ def _gpus_refused(occurrence: ReservedOccurrence, hit: list[Gpu]) -> ReservedCon
     names = ", ".join(unit_name(unit) for unit in hit)
     verb = "is" if len(hit) == 1 else "are"
     return ReservedConflict(
-        f"{names} on {occurrence.reserved.node.name} {verb} reserved for group {occurrence.reserved.group.name} "
+        f"{names} on {occurrence.reserved.where} {verb} reserved for group {occurrence.reserved.group.name} "
         f"{describe_window(occurrence.start, occurrence.end)}: ask a member to book it, or book outside it.",
         **_details(occurrence, gpus=[unit.pk for unit in hit]),
     )
@@ -281,7 +303,7 @@ def _count_refused(
 ) -> ReservedConflict:
     reserved = occurrence.reserved
     return ReservedConflict(
-        f"{reserved.count} of the {capacity} GPUs of {reserved.node.name} are reserved for group "
+        f"{reserved.count} of the {capacity} GPUs of {reserved.where} are reserved for group "
         f"{reserved.group.name} {describe_window(occurrence.start, occurrence.end)}: others hold "
         f"{_number(held)} and ask {_number(asked)}, more than the {max(allowed, 0)} left to them. Ask a member "
         "to book it, or book outside it.",
@@ -324,17 +346,19 @@ def restrictions_for(
 
 def room_left(*, node: Node, counted: Sequence[ReservedOccurrence], start: datetime, end: datetime) -> Fraction | None:
     """How many GPUs of ``node`` a non-member may still take over [start, end) under its "any N" occurrences
-    (None: no such occurrence there)."""
+    (None: no such occurrence there). A count of a model applies on every node with the model, and is spent here
+    by any unit the caller picks (``within_room``): on a node that also has other models, that is cautious."""
     room: Fraction | None = None
-    capacity = node_capacity(node)
     for occurrence in counted:
-        if occurrence.reserved.node_id != node.pk or not (occurrence.start < end and occurrence.end > start):
+        reserved = occurrence.reserved
+        elsewhere = reserved.node_id is not None and reserved.node_id != node.pk
+        if elsewhere or not (occurrence.start < end and occurrence.end > start):
             continue
+        if reserved.gpu_model and not Gpu.objects.filter(node=node, model=reserved.gpu_model).exists():
+            continue  # a count of a model this node does not have
         o_start, o_end = max(start, occurrence.start), min(end, occurrence.end)
         left = (
-            capacity
-            - (occurrence.reserved.count or 0)
-            - others_peak(node=node, occurrence=occurrence, start=o_start, end=o_end)
+            capacity_of(reserved) - (reserved.count or 0) - others_peak(occurrence=occurrence, start=o_start, end=o_end)
         )
         room = left if room is None else min(room, left)
     return None if room is None else max(room, Fraction(0))

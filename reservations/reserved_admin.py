@@ -18,7 +18,7 @@ from kernel.fields import moment_problem
 from nodes.models import Gpu
 from reservations.exceptions import InvalidBooking
 from reservations.models import ReservedCapacity, ReservedRelease
-from reservations.reserved import MAX_RELEASE_HOURS, node_capacity, occurrence_periods, release_hours
+from reservations.reserved import MAX_RELEASE_HOURS, capacity_of, occurrence_periods, release_hours
 
 # Which form field a refusal of reservations/recurrence.py is about.
 _RULE_FIELDS = {"repeat": "rule", "timezone": "zone", "end": "end"}
@@ -27,7 +27,19 @@ _RULE_FIELDS = {"repeat": "rule", "timezone": "zone", "end": "end"}
 class ReservedCapacityForm(forms.ModelForm):
     class Meta:
         model = ReservedCapacity
-        fields = ("group", "node", "gpus", "count", "label", "start", "end", "rule", "zone", "release_hours_before")
+        fields = (
+            "group",
+            "node",
+            "gpus",
+            "count",
+            "gpu_model",
+            "label",
+            "start",
+            "end",
+            "rule",
+            "zone",
+            "release_hours_before",
+        )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -56,14 +68,23 @@ class ReservedCapacityForm(forms.ModelForm):
             self.add_error("count", "Reserve either named GPUs or a count of the node's GPUs, not both.")
         elif not gpus and not count:
             self.add_error("gpus", "Choose the GPUs to reserve, or give a count (any N GPUs of the node).")
+        model = (data.get("gpu_model") or "").strip()
+        if node is None and not (count and model):
+            self.add_error(
+                "node", "Choose the node, or give a count and a GPU model to keep GPUs of that model anywhere."
+            )
+        if gpus and model:
+            self.add_error("gpu_model", "A model goes with a count: named GPUs are chosen by themselves.")
         if node is not None:
             elsewhere = [str(gpu) for gpu in gpus if gpu.node_id != node.pk]
             if elsewhere:
                 self.add_error("gpus", f"{', '.join(elsewhere)} not on node {node.name}: choose GPUs of {node.name}.")
-            capacity = node_capacity(node)
-            if count and count > capacity:
+        if count and (node is not None or model):
+            trial = ReservedCapacity(node=node, gpu_model=model, count=count)
+            capacity = capacity_of(trial)
+            if count > capacity:
                 self.add_error(
-                    "count", f"{node.name} has {capacity} bookable GPUs: reserve at most {capacity} of them."
+                    "count", f"{trial.where} has {capacity} bookable GPUs: reserve at most {capacity} of them."
                 )
         if not self.errors and start and end:
             self._check_rule(data)
@@ -105,7 +126,7 @@ class ReservedCapacityAdmin(AuditedAdminMixin, admin.ModelAdmin):
     @admin.display(description="reserved")
     def reserved(self, obj: ReservedCapacity) -> str:
         if obj.count:
-            return f"any {obj.count} GPUs"
+            return f"any {obj.count} GPUs" + (f" of model {obj.gpu_model}" if obj.gpu_model else "")
         return ", ".join(f"GPU {gpu.index}" + (f" {gpu.profile}" if gpu.parent_id else "") for gpu in obj.gpus.all())
 
     @admin.display(description="releases")

@@ -61,6 +61,7 @@ def _announce(occurrence: ReservedOccurrence, now: datetime) -> int:
                 sender=ReservedCapacity,
                 reserved=reserved,
                 node=reserved.node,
+                model=reserved.gpu_model,
                 gpu_ids=sorted(gpu.pk for gpu in reserved.gpus.all()),
                 count=reserved.count,
                 start=occurrence.start,

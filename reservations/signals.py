@@ -19,9 +19,10 @@ status cards and the calendar broadcasts (live/receivers.py).
 its release time has passed, by the beat task ``reservations.release_reserved_capacity``
 (reservations/reserved_release.py), with ``sender=ReservedCapacity`` and:
 
-- ``reserved``: the ReservedCapacity row; ``node``: its node;
-- ``gpu_ids``: the GPUs it kept (the ids of the cards or slices), or ``[]`` for "any N GPUs of the node"
-  (``count`` is then N);
+- ``reserved``: the ReservedCapacity row; ``node``: its node (None for a count of a model on any node);
+- ``model``: the GPU model its count is of, or "";
+- ``gpu_ids``: the GPUs it kept (the ids of the cards or slices), or ``[]`` for "any N GPUs" (``count`` is
+  then N);
 - ``count``: N, or None for named GPUs;
 - ``start`` / ``end``: the freed occurrence (aware, UTC), which anyone may now book.
 

@@ -10,7 +10,7 @@ from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import receiver
 from django.utils import timezone
 
-from nodes.models import Gpu
+from nodes.models import Gpu, Node
 from nodes.signals import gpu_returned
 from reservations.models import MaintenanceWindow, Reservation
 from reservations.signals import reservation_changed, reserved_capacity_released
@@ -70,11 +70,21 @@ def offer_after_maintenance(sender: Any, instance: MaintenanceWindow, **kwargs: 
 
 @receiver(reserved_capacity_released.in_transaction)
 def offer_released_capacity(
-    sender: type, node: Any, gpu_ids: list[int], start: datetime, end: datetime, **kwargs: Any
+    sender: type, node: Node | None, model: str, gpu_ids: list[int], start: datetime, end: datetime, **kwargs: Any
 ) -> None:
-    """Reserved capacity its group did not book opens to everyone: whoever waits for it is offered it first."""
-    units = list(gpu_ids) or list(Gpu.objects.filter(node=node).values_list("pk", flat=True))
-    offers_for_freed(node=node, gpu_ids=units, start=start, end=end, now=timezone.now())
+    """Reserved capacity its group did not book opens to everyone: whoever waits for it is offered it first (on
+    its node, or on every node with GPUs of its model)."""
+    if gpu_ids and node is not None:
+        offers_for_freed(node=node, gpu_ids=gpu_ids, start=start, end=end, now=timezone.now())
+        return
+    units = Gpu.objects.filter(node=node) if node is not None else Gpu.objects.all()
+    if model:
+        units = units.filter(model=model)
+    by_node: dict[int, list[int]] = {}
+    for node_id, gpu_id in units.values_list("node_id", "pk"):
+        by_node.setdefault(node_id, []).append(gpu_id)
+    for where in Node.objects.filter(pk__in=list(by_node)).order_by("pk"):
+        offers_for_freed(node=where, gpu_ids=by_node[where.pk], start=start, end=end, now=timezone.now())
 
 
 @receiver(gpu_returned.in_transaction)

@@ -77,7 +77,7 @@ def test_non_members_racing_never_get_more_than_the_unreserved_gpus(lab):
 
 
 def test_control_without_the_node_lock_the_race_is_real(lab, monkeypatch):
-    """Without the node's row lock, and every racer held after counting until all have counted, every one of
+    """Without the window's lock, and every racer held after counting until all have counted, every one of
     them sees no other non-member's booking and books: the lock is what keeps the count."""
     node, gpus, window, racers = lab
     counted = threading.Barrier(GPUS, timeout=30)
@@ -88,7 +88,7 @@ def test_control_without_the_node_lock_the_race_is_real(lab, monkeypatch):
         counted.wait()
         return peak
 
-    monkeypatch.setattr(reserved, "lock_node", lambda node: None)
+    monkeypatch.setattr(reserved, "lock_windows", lambda windows: None)
     monkeypatch.setattr(reserved, "others_peak", peak_then_wait)
 
     outcomes = _race(racers, gpus, window.start)
