@@ -11,6 +11,7 @@ import itertools
 import threading
 from collections import Counter
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -21,6 +22,7 @@ from reservations.exceptions import SlotConflict
 from reservations.models import Allocation, Reservation
 from reservations.timegrid import floor_to_grid
 from tests.factories import UserFactory, carve_mig
+from tests.race import at_once
 
 pytestmark = [
     pytest.mark.postgres_only,
@@ -33,33 +35,15 @@ ATTEMPTS = 32
 def _race(users, gpu, base) -> Counter:
     """Each user tries to book an overlapping period of ``gpu`` at the same instant (``gpu`` may also be
     a function of the attempt's number, giving the unit it books)."""
-    barrier = threading.Barrier(len(users))
-    outcomes: Counter = Counter()
-    lock = threading.Lock()
 
-    def attempt(i: int, user) -> None:
-        try:
-            barrier.wait()
-            # Staggered but overlapping: every pair of periods overlaps.
-            start = base + timedelta(minutes=15 * (i % 4))
-            unit = gpu(i) if callable(gpu) else gpu
-            services.reservation_create(user=user, gpus=[unit], start=start, end=start + timedelta(hours=2))
-            result = "booked"
-        except SlotConflict:
-            result = "conflict"
-        except Exception as exc:
-            result = f"error: {exc!r}"
-        finally:
-            connection.close()
-        with lock:
-            outcomes[result] += 1
+    def attempt(i: int, user) -> str:
+        # Staggered but overlapping: every pair of periods overlaps.
+        start = base + timedelta(minutes=15 * (i % 4))
+        unit = gpu(i) if callable(gpu) else gpu
+        services.reservation_create(user=user, gpus=[unit], start=start, end=start + timedelta(hours=2))
+        return "booked"
 
-    threads = [threading.Thread(target=attempt, args=(i, user)) for i, user in enumerate(users)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return outcomes
+    return at_once([partial(attempt, i, user) for i, user in enumerate(users)], refusals={SlotConflict: "conflict"})
 
 
 def _no_overlap_in_table(gpu) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from django.contrib.auth.models import Group
@@ -18,6 +19,7 @@ from reservations.exceptions import ReservedConflict
 from reservations.models import Allocation, ReservedCapacity
 from reservations.timegrid import floor_to_grid
 from tests.factories import UserFactory, node_with_gpus
+from tests.race import at_once
 
 pytestmark = [
     pytest.mark.postgres_only,
@@ -40,31 +42,15 @@ def lab():
 
 def _race(racers, gpus, start) -> Counter:
     """Racer i books GPU i (all different GPUs: only the reserved capacity can refuse) at the same instant."""
-    barrier = threading.Barrier(len(racers))
-    outcomes: Counter = Counter()
-    lock = threading.Lock()
 
-    def attempt(i: int, user) -> None:
-        try:
-            barrier.wait()
-            begin = start + timedelta(minutes=15 * (i % 4))
-            services.reservation_create(user=user, gpus=[gpus[i]], start=begin, end=begin + timedelta(hours=2))
-            result = "booked"
-        except ReservedConflict:
-            result = "reserved"
-        except Exception as exc:
-            result = f"error: {exc!r}"
-        finally:
-            connection.close()
-        with lock:
-            outcomes[result] += 1
+    def attempt(i: int, user) -> str:
+        begin = start + timedelta(minutes=15 * (i % 4))
+        services.reservation_create(user=user, gpus=[gpus[i]], start=begin, end=begin + timedelta(hours=2))
+        return "booked"
 
-    threads = [threading.Thread(target=attempt, args=(i, user)) for i, user in enumerate(racers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return outcomes
+    return at_once(
+        [partial(attempt, i, user) for i, user in enumerate(racers)], refusals={ReservedConflict: "reserved"}
+    )
 
 
 def test_non_members_racing_never_get_more_than_the_unreserved_gpus(lab):

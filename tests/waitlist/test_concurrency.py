@@ -6,9 +6,9 @@ their limits, and nothing is left on offer.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from django.db import connection
@@ -18,6 +18,7 @@ from reservations import services
 from reservations.models import Allocation, Limit, Reservation
 from reservations.timegrid import floor_to_grid
 from tests.factories import UserFactory, book, node_with_gpus
+from tests.race import at_once
 from waitlist.models import Entry
 from waitlist.services import Want, entry_join, waitlist_sweep
 
@@ -30,28 +31,11 @@ WAITERS, FREED = 32, 8
 
 
 def _cancel_all_at_once(bookings, actor) -> Counter:
-    barrier = threading.Barrier(len(bookings))
-    outcomes: Counter = Counter()
-    lock = threading.Lock()
+    def cancel(booking) -> str:
+        services.reservation_cancel(reservation=booking, actor=actor)
+        return "cancelled"
 
-    def cancel(booking) -> None:
-        try:
-            barrier.wait()
-            services.reservation_cancel(reservation=booking, actor=actor)
-            result = "cancelled"
-        except Exception as exc:
-            result = f"error: {exc!r}"
-        finally:
-            connection.close()
-        with lock:
-            outcomes[result] += 1
-
-    threads = [threading.Thread(target=cancel, args=(booking,)) for booking in bookings]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    return outcomes
+    return at_once([partial(cancel, booking) for booking in bookings], refusals={}, timeout=120)
 
 
 def test_a_burst_of_cancellations_serves_the_best_fitting_waiters_once_each():
