@@ -10,6 +10,7 @@ class FairshareConfig(AppConfig):
         # parts they do not import; the booking horizon may be capped by it (reservations.limits).
         from accounts.me_parts import me_parts
         from accounts.profile_parts import profile_parts
+        from fairshare import checks  # noqa: F401 - registers the system checks
         from fairshare.api import FairShareSerializer, my_fair_share
         from fairshare.horizon import horizon_cap
         from fairshare.pages import profile_section

@@ -66,6 +66,11 @@ class FairShare:
     def effective_hours(self) -> float:
         return self.booked_hours + self.used_weight * self.used_hours
 
+    def order_key(self, arrived: datetime) -> tuple[float, datetime]:
+        """Where this person's request stands in a queue: the highest factor first, then the earliest to
+        arrive (``sorted(entries, key=lambda e: factors[e.user_id].order_key(e.created_at))``)."""
+        return (-self.factor, arrived)
+
     def explanation(self) -> str:
         """Why the factor is what it is, in words a researcher can check."""
         parts = "; ".join(
@@ -82,22 +87,37 @@ class FairShare:
 
 
 def fairshare_for(user_ids: Iterable[int], *, now: datetime) -> dict[int, FairShare]:
-    """The factors of these people (of anyone not active: 0). Computed against everyone's usage and shares."""
+    """The factors of these people, computed against everyone's usage and shares in a few queries however
+    many are asked. Someone not active has no share: factor 1 if they used nothing in the look-back, else 0."""
     wanted = set(user_ids)
-    table = _compute(now)
+    table, booked, used = _compute(now)
     missing = wanted - set(table)
     names = dict(get_user_model().objects.filter(pk__in=missing).values_list("pk", "username")) if missing else {}
+    half_life, weight = float(settings.FAIRSHARE_HALF_LIFE_DAYS), float(settings.FAIRSHARE_USED_WEIGHT)
+    total = sum(booked.values()) + weight * sum(used.values())
     for user_id in missing:
-        table[user_id] = FairShare(user_id, names.get(user_id, "?"), 0.0, 0.0, 0.0, 0.0, 0.0)
+        mine = booked.get(user_id, 0.0) + weight * used.get(user_id, 0.0)
+        table[user_id] = FairShare(
+            user_id=user_id,
+            username=names.get(user_id, "?"),
+            booked_hours=booked.get(user_id, 0.0),
+            used_hours=used.get(user_id, 0.0),
+            usage=mine / total if total > 0 else 0.0,
+            share=0.0,
+            factor=0.0 if mine > 0 else 1.0,
+            half_life_days=half_life,
+            used_weight=weight,
+        )
     return {user_id: table[user_id] for user_id in wanted}
 
 
 def fairshare_table(*, now: datetime) -> list[FairShare]:
     """Every active person's factor, lowest first (who is furthest over their share)."""
-    return sorted(_compute(now).values(), key=lambda item: (item.factor, item.username))
+    return sorted(_compute(now)[0].values(), key=lambda item: (item.factor, item.username))
 
 
-def _compute(now: datetime) -> dict[int, FairShare]:
+def _compute(now: datetime) -> tuple[dict[int, FairShare], dict[int, float], dict[int, float]]:
+    """Every active person's factor; and everyone's decayed GPU-hours booked and used (active or not)."""
     half_life = float(settings.FAIRSHARE_HALF_LIFE_DAYS)
     weight = float(settings.FAIRSHARE_USED_WEIGHT)
     since = now - timedelta(days=half_life * settings.FAIRSHARE_LOOKBACK_HALF_LIVES)
@@ -116,12 +136,12 @@ def _compute(now: datetime) -> dict[int, FairShare]:
             used_hours=used.get(user_id, 0.0),
             usage=usage,
             share=share,
-            factor=2 ** (-usage / share) if share > 0 else 0.0,
+            factor=2 ** (-usage / share),  # every active person has a share
             groups=tuple(groups),
             half_life_days=half_life,
             used_weight=weight,
         )
-    return table
+    return table, booked, used
 
 
 def _decay(age_days: float, half_life: float) -> float:

@@ -124,3 +124,52 @@ def test_only_approved_time_up_to_now_counts(alice, bob, gpus, settings):
     book(bob, [gpus[2]], NOW - timedelta(hours=5), NOW - timedelta(hours=3), direct=True, pending=True)
     a, b = factors(alice, bob)
     assert round(a.booked_hours, 3) == 1.0 and b.booked_hours == 0.0
+
+
+def test_someone_no_longer_active_has_no_share_but_their_usage_still_counts(alice, bob, carol, gpus, settings):
+    settings.FAIRSHARE_HALF_LIFE_DAYS = 10_000
+    used_for(alice, [gpus[0]], NOW - timedelta(hours=3), 3)
+    used_for(bob, [gpus[1]], NOW - timedelta(hours=1), 1)
+    bob.is_active = False
+    bob.save()
+    dave = UserFactory(username="dave", is_active=False)  # never booked anything
+    a, b, c, d = factors(alice, bob, carol, dave)
+    assert (b.share, b.factor, round(b.usage, 3)) == (0.0, 0.0, 0.25)  # bob's hour is still a quarter of all
+    assert (d.share, d.factor) == (0.0, 1.0)  # no usage at all: 1
+    assert (a.share, c.share) == (0.5, 0.5)  # the active ones split the shares
+    assert a.factor == pytest.approx(2 ** (-0.75 / 0.5))
+    assert [row.username for row in fairshare_table(now=NOW)] == ["alice", "carol"]
+
+
+def test_the_queue_order_is_the_factor_then_arrival(alice, bob, carol, gpus):
+    used_for(alice, [gpus[0]], NOW - timedelta(hours=2), 2)
+    a, b, c = factors(alice, bob, carol)
+    early, late = NOW - timedelta(hours=1), NOW
+    queue = sorted([(a, early), (b, late), (c, early)], key=lambda item: item[0].order_key(item[1]))
+    # bob and carol used nothing (factor 1): carol came first; alice, who used GPUs, comes last however early.
+    assert [item[0].username for item in queue] == ["carol", "bob", "alice"]
+
+
+def test_asking_for_many_people_costs_a_few_queries(alice, bob, carol, gpus, django_assert_max_num_queries):
+    people = [UserFactory() for _ in range(20)]
+    in_group("vision", *people[:10], shares=2)
+    for person, gpu in zip(people[:4], gpus, strict=True):
+        used_for(person, [gpu], NOW - timedelta(hours=2), 2)
+    with django_assert_max_num_queries(5):
+        found = fairshare_for([person.pk for person in people], now=NOW)
+    assert len(found) == 20 and all(0 < item.factor <= 1 for item in found.values())
+
+
+def test_settings_that_would_divide_by_zero_stop_the_portal(settings):
+    from fairshare.checks import check_fairshare_settings
+
+    assert check_fairshare_settings() == []
+    settings.FAIRSHARE_HALF_LIFE_DAYS = 0
+    settings.FAIRSHARE_USED_WEIGHT = -1
+    settings.FAIRSHARE_HORIZON_CAP_BELOW = 2
+    messages = [message.msg for message in check_fairshare_settings()]
+    assert messages == [
+        "FAIRSHARE_HALF_LIFE_DAYS=0: the days after which an hour of usage counts half must be a number above 0.",
+        "FAIRSHARE_USED_WEIGHT=-1: what a used GPU-hour adds must be 0 or more.",
+        "FAIRSHARE_HORIZON_CAP_BELOW=2: the factor under which the cap applies is between 0 and 1.",
+    ]

@@ -74,3 +74,23 @@ def test_the_horizon_cap_is_off_by_default_and_says_why_when_on(history, alice, 
     reservation_create(user=alice, gpus=[gpus[2]], start=at(1), end=at(2))  # within two days: fine
     reservation_create(user=bob, gpus=[gpus[3]], start=far[0], end=far[1])  # bob is under his share
     assert client_for(alice).get("/api/v1/me/").json()["max_days_ahead"] == 2
+
+
+def test_a_researcher_sees_only_their_own_factor(history, alice, bob):
+    mine = client_for(bob).get("/api/v1/me/").json()["fair_share"]
+    assert (mine["factor"], mine["usage"], mine["booked_gpu_hours"]) == (1.0, 0.0, 0.0)  # bob's, not alice's
+    assert "alice" not in str(mine)
+    profile = logged_in(bob).get("/profile/").content.decode()
+    assert "0.13" not in profile and 'href="/fairshare/"' not in profile  # no menu link to everyone's
+
+
+def test_the_table_is_in_the_admins_menu_and_closed_to_strangers(history, carol):
+    assert 'href="/fairshare/"' in logged_in(carol).get("/profile/").content.decode()
+    response = Client().get("/fairshare/")
+    assert response.status_code == 302 and "/login" in response["Location"]
+
+
+def test_the_me_schema_describes_fair_share(db):
+    schema = Client().get("/api/schema/", HTTP_ACCEPT="application/json")
+    assert schema.status_code == 200
+    assert "fair_share" in schema.content.decode() and "2^(-usage/share)" in schema.content.decode()
