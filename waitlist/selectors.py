@@ -17,7 +17,7 @@ def ranked(entries: Iterable[Entry], *, now: datetime) -> list[Entry]:
     if not found:
         return []
     factors = fairshare_for({entry.user_id for entry in found}, now=now)
-    return sorted(found, key=lambda entry: (-factors[entry.user_id].factor, entry.created_at, entry.pk))
+    return sorted(found, key=lambda entry: (*factors[entry.user_id].order_key(entry.created_at), entry.pk))
 
 
 def waiting(queryset: QuerySet[Entry] | None = None) -> QuerySet[Entry]:
