@@ -13,6 +13,7 @@ from accounts.models import User
 from accounts.signals import unix_username_changed, user_deactivated
 from audit.services import audit_record
 from reservations import services
+from reservations.freed import announce_freed_by
 from reservations.models import Allocation, Reservation
 from reservations.pushes import request_push
 from reservations.signals import reservation_changed
@@ -30,6 +31,14 @@ def audit_booking_change(
     audit_record(
         actor=actor, action=f"reservation.{verb}", target=reservation, before=before, after=after, reason=reason
     )
+
+
+@receiver(reservation_changed.in_transaction)
+def announce_freed_capacity(
+    sender: type, reservation: Reservation, verb: str, before: Any, after: Any, **kwargs: Any
+) -> None:
+    """Time a change freed is announced (reservations/freed.py), for the waitlist to offer in this transaction."""
+    announce_freed_by(reservation, verb=verb, before=before, after=after)
 
 
 @receiver(reservation_changed.on_commit)

@@ -34,6 +34,7 @@ from rest_framework import status
 from accounts.models import User
 from nodes.models import Gpu, Node
 from reservations.exceptions import BookingError, InvalidBooking, LimitExceeded, NotAllowed
+from reservations.freed import announced_after
 from reservations.limits import EffectiveLimits, Period, effective_limits
 from reservations.models import Reservation, Series
 from reservations.recurrence import Occurrence, expand, normalise_rule, series_zone
@@ -268,7 +269,8 @@ def series_edit(
         duration=new_duration,
     )
     try:
-        with transaction.atomic():
+        # What the edit frees is announced (to the waitlist) once it has booked again: its own slots first.
+        with transaction.atomic(), announced_after():
             old_gpu_ids = _live_gpu_ids(series, from_day or series.first_day)
             _require_may_book(series.user, actor)
             _lock_booker_quietly(series.user, sorted({*old_gpu_ids, *new_gpu_ids}))

@@ -28,6 +28,11 @@ its release time has passed, by the beat task ``reservations.release_reserved_ca
 
 In the transaction that records the release (ReservedRelease, unique per occurrence); once committed, what
 frees time for others reacts (the waitlist).
+
+``capacity_freed`` is sent (reservations/freed.py) when a booking change frees time: a booking or offer
+cancelled or rejected (what is left of its slot), a running one released (the rest of it); inside a series
+edit, at its end, for what it did not book again. With ``sender=Reservation`` and ``node``, ``gpu_ids`` (the
+units freed), ``start``, ``end`` (aware). The waitlist offers it in the same transaction.
 """
 
 from __future__ import annotations
@@ -36,3 +41,4 @@ from kernel.signals import PhasedSignal
 
 reservation_changed = PhasedSignal("reservation_changed")
 reserved_capacity_released = PhasedSignal("reserved_capacity_released")
+capacity_freed = PhasedSignal("capacity_freed")

@@ -12,36 +12,16 @@ from django.utils import timezone
 
 from nodes.models import Gpu, Node
 from nodes.signals import gpu_returned
-from reservations.models import MaintenanceWindow, Reservation
-from reservations.signals import reservation_changed, reserved_capacity_released
+from reservations.models import MaintenanceWindow
+from reservations.signals import capacity_freed, reserved_capacity_released
 from waitlist.models import Entry
 from waitlist.services import offers_for_freed
 
-# A change with these verbs frees its booking's whole slot (what is left of it); a release frees the rest.
-_FREES_ALL = {"cancel", "reject"}
-_HELD = {Reservation.Status.PENDING, Reservation.Status.APPROVED, Reservation.Status.OFFERED}
 
-
-@receiver(reservation_changed.in_transaction)
-def offer_freed_slot(
-    sender: type, reservation: Reservation, verb: str, before: dict[str, Any] | None, after: dict[str, Any], **kw: Any
-) -> None:
-    if before is None or before["status"] not in _HELD:
-        return
-    if verb in _FREES_ALL:
-        start, end = before["start"], before["end"]
-    elif verb == "release":
-        start, end = after["end"], before["end"]
-    else:
-        return
-    gpu_ids = list(reservation.allocations.values_list("gpu_id", flat=True))
-    offers_for_freed(
-        node=reservation.node,
-        gpu_ids=gpu_ids,
-        start=datetime.fromisoformat(start),
-        end=datetime.fromisoformat(end),
-        now=timezone.now(),
-    )
+@receiver(capacity_freed.in_transaction)
+def offer_freed_slot(sender: type, node: Node, gpu_ids: list[int], start: datetime, end: datetime, **kw: Any) -> None:
+    """A booking cancelled, rejected or released early (reservations/freed.py): its time to whoever waits."""
+    offers_for_freed(node=node, gpu_ids=gpu_ids, start=start, end=end, now=timezone.now())
 
 
 @receiver(pre_save, sender=MaintenanceWindow)

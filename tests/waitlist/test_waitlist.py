@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import time, timedelta
 from io import StringIO
 
 import pytest
@@ -14,6 +14,7 @@ from nodes.services import gpu_drain, gpu_return_to_service
 from notifications.models import Kind, Notification
 from reservations.exceptions import InvalidBooking, NotAllowed, SlotConflict
 from reservations.models import Limit, MaintenanceWindow, Reservation
+from reservations.series import series_create, series_edit
 from reservations.services import reservation_cancel, reservation_create, reservation_release
 from tests.conftest import at
 from tests.factories import UserFactory, book
@@ -287,3 +288,25 @@ def test_any_gpu_of_a_model_free_already_is_booked_at_once(alice, gpus, run_afte
 
 def booking_on(gpu):
     return Reservation.objects.get(allocations__gpu=gpu, status=Status.APPROVED)
+
+
+def test_a_series_edit_keeps_its_own_slots_and_offers_only_what_it_gave_up(alice, bob, gpus, run_after_commit):
+    # Alice books 10:00-11:00 on two days; Bob waits for the first of them.
+    series = series_create(
+        user=alice, gpus=[gpus[0]], start=at(hours=1), end=at(hours=2), rule="FREQ=DAILY;COUNT=2", zone="UTC"
+    ).series
+    entry = entry_join(user=bob, want=want([gpus[0]], hours=1, start=1, end=2))
+
+    # An edit that changes nothing cancels and books the same slots again: they stay Alice's.
+    with run_after_commit():
+        series_edit(series=series, actor=alice, mode="skip")
+    entry.refresh_from_db()
+    assert entry.status == Entry.Status.WAITING
+    assert [r.user for r in Reservation.objects.filter(status=Status.APPROVED)] == [alice, alice]
+
+    # Moving the series an hour later gives up 10:00-11:00 today: Bob gets it.
+    with run_after_commit():
+        series_edit(series=series, actor=alice, start_time=time(11), mode="skip")
+    entry.refresh_from_db()
+    assert entry.status == Entry.Status.BOOKED
+    assert (entry.reservation.user, entry.reservation.start, entry.reservation.end) == (bob, at(1), at(2))
