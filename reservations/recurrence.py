@@ -9,7 +9,9 @@ time) are then made aware in the zone. Where daylight saving time makes a wall t
 - a wall time that does not exist (the hour skipped in spring) is shifted forward by the gap
   (02:30 on the night clocks jump from 02:00 to 03:00 becomes 03:30);
 - a wall time that happens twice (the hour repeated in autumn) is the first of the two (summer time);
-- an occurrence whose start the gap pushes onto its end keeps its duration (02:30–03:30 becomes 03:30–04:30).
+- an occurrence whose start the gap pushes onto its end keeps its duration (02:30–03:30 becomes 03:30–04:30);
+- a series whose occurrences these shifts make overlap (03:00 daily for 23:30 ends at 02:30, so 03:30 on the
+  night of the spring change, after the next one's 03:00) is refused, naming the days.
 
 Otherwise the end is the wall time start + duration, so an occurrence spanning the change lasts an hour
 less (spring) or more (autumn) than usual.
@@ -183,7 +185,17 @@ def expand(*, rule: str, zone: ZoneInfo, first_day: date, start_time: time, dura
                 "series must not overlap.",
                 field="end",
             )
-    return [_occurrence(moment, duration, zone) for moment in local_starts]
+    occurrences = [_occurrence(moment, duration, zone) for moment in local_starts]
+    for earlier, later in pairwise(occurrences):
+        # Checked again on real time: an end pushed forward by the spring gap can pass the next start.
+        if later.start < earlier.end:
+            raise InvalidBooking(
+                f"The clocks change in {zone.key} between {earlier.day} and {later.day}: the occurrence of "
+                f"{earlier.day} would end ({earlier.end.astimezone(zone):%H:%M %Z}) after the next one starts "
+                f"({later.start.astimezone(zone):%H:%M %Z}). Shorten the duration or move the start time.",
+                field="end",
+            )
+    return occurrences
 
 
 def _occurrence(local_start: datetime, duration: timedelta, zone: ZoneInfo) -> Occurrence:

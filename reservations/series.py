@@ -482,7 +482,8 @@ def _rebook(
             occurrence
             for occurrence in _expand_series(series)
             if occurrence.day >= start_day
-            and occurrence.start > now
+            # An edit that moves a booking to a time already past is refused for it, not dropped in silence.
+            and (occurrence.start > now or occurrence.day in rebooking)
             and occurrence.day not in live
             and (occurrence.day not in recorded or occurrence.day in rebooking)
         ]

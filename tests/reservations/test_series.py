@@ -261,3 +261,36 @@ def test_only_the_owner_or_an_admin_changes_a_series(alice, bob, carol, gpus, cl
     with pytest.raises(NotAllowed):
         series_cancel(series=series, actor=bob)
     assert len(series_cancel(series=series, actor=carol)) == 2
+
+
+def test_an_edit_moving_todays_booking_into_the_past_is_refused_not_dropped(alice, gpus, clock):
+    # 09:00 now; the series books 10:00-11:00 today and tomorrow. Moving it to 08:00 cannot move today's.
+    series = series_create(
+        user=alice, gpus=[gpus[0]], start=at(hours=1), end=at(hours=2), rule="FREQ=DAILY;COUNT=2", zone="UTC"
+    ).series
+    with pytest.raises(SeriesRefused, match="in the past"):
+        series_edit(series=series, actor=alice, start_time=time(8))
+    assert walls(series.occurrences.filter(status=Status.APPROVED).order_by("start"), UTC) == [
+        ("01-07 10:00", "11:00"),
+        ("01-08 10:00", "11:00"),
+    ]
+    edited = series_edit(series=series, actor=alice, start_time=time(8), mode="skip")
+    assert [(o.day.isoformat(), o.outcome) for o in edited.occurrences] == [
+        ("2030-01-07", REFUSED),
+        ("2030-01-08", BOOKED),
+    ]
+
+
+def test_a_series_the_spring_change_would_make_overlap_is_refused_naming_the_days(alice, gpus, clock, far):
+    # Daily at 03:00 for 23:30: the end 02:30 on the night clocks jump to 03:00 becomes 03:30, after 03:00.
+    with pytest.raises(InvalidBooking, match="between 2030-03-30 and 2030-03-31") as refused:
+        series_create(
+            user=alice,
+            gpus=[gpus[0]],
+            start=local(BERLIN, 2030, 3, 29, 3),
+            end=local(BERLIN, 2030, 3, 30, 2, 30),
+            rule="FREQ=DAILY;COUNT=4",
+            zone="Europe/Berlin",
+        )
+    assert "03:30 CEST" in refused.value.message and "03:00 CEST" in refused.value.message
+    assert not Series.objects.exists()
