@@ -754,9 +754,14 @@ def _guarded_by_constraint(write: Callable[[], object], gpus: list[Gpu], reserva
         ) from exc
 
 
+# lock_not_available (lock_timeout), deadlock_detected.
+_BUSY_SQLSTATES = {"55P03", "40P01"}
+
+
 @contextmanager
 def _booking_transaction() -> Iterator[None]:
-    """A transaction whose lock waits are bounded; a timeout becomes a retryable BookingBusy."""
+    """A transaction whose lock waits are bounded; a timeout, or being the victim PostgreSQL picks to end a
+    deadlock, becomes a retryable BookingBusy (its transaction rolled back: nothing written)."""
     try:
         with transaction.atomic():
             if connection.vendor == "postgresql":
@@ -767,6 +772,6 @@ def _booking_transaction() -> Iterator[None]:
                     )
             yield
     except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) == "55P03" or "database is locked" in str(exc):
+        if getattr(exc.__cause__, "sqlstate", None) in _BUSY_SQLSTATES or "database is locked" in str(exc):
             raise BookingBusy("The GPUs are busy with other bookings right now; try again in a moment.") from exc
         raise
