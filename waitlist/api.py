@@ -41,16 +41,19 @@ class WaitlistViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     request: AuthenticatedRequest
 
     def get_queryset(self) -> QuerySet[Entry]:
+        qs = self._visible()
+        if self.action == "list" and self.request.query_params.get("open", "").lower() in {"1", "true", "yes"}:
+            qs = qs.filter(status__in=Entry.OPEN_STATUSES)
+        return qs.order_by("-created_at", "-pk")
+
+    def _visible(self) -> QuerySet[Entry]:
+        """The entries this person may see: their own, or everyone's for an admin (listed with ``?all=1``)."""
         user = self.request.user
         qs = Entry.objects.select_related("user", "node", "reservation").prefetch_related("gpus")
         everyone = user.is_booking_admin and (
             self.action != "list" or self.request.query_params.get("all", "").lower() in {"1", "true", "yes"}
         )
-        if not everyone:
-            qs = qs.filter(user=user)
-        if self.request.query_params.get("open", "").lower() in {"1", "true", "yes"}:
-            qs = qs.filter(status__in=Entry.OPEN_STATUSES)
-        return qs.order_by("-created_at", "-pk")
+        return qs if everyone else qs.filter(user=user)
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         page = self.paginate_queryset(self.get_queryset())
@@ -117,7 +120,7 @@ class WaitlistViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         return self._respond(services.offer_decline(entry=self.get_object(), actor=request.user))
 
     def _respond(self, entry: Entry, code: int = status.HTTP_200_OK) -> Response:
-        fresh = self.get_queryset().get(pk=entry.pk)
+        fresh = self._visible().get(pk=entry.pk)  # as it is now, whatever the list's filters
         selectors.with_positions([fresh], now=timezone.now())
         return Response(self.get_serializer(fresh).data, status=code)
 

@@ -94,3 +94,12 @@ def test_a_want_for_an_unknown_node_or_gpu_is_a_400_naming_it(alice, gpus):
     assert response.status_code == 400 and "No node named 'nowhere'" in response.json()["error"]["message"]
     response = client_for(alice).post(URL, join_body([]) | {"gpus": [999999]}, format="json")
     assert response.status_code == 400 and "999999" in response.json()["error"]["message"]
+
+
+def test_leaving_answers_with_the_closed_entry_whatever_the_list_filter(alice, bob, gpus):
+    book(bob, [gpus[0]], at(1), at(3))
+    entry = client_for(alice).post(URL, join_body([gpus[0]]), format="json").json()
+    left = client_for(alice).post(f"{URL}{entry['id']}/leave/?open=true")
+    assert left.status_code == 200 and left.json()["status"] == "left"
+    assert client_for(alice).get(URL, {"open": "true"}).json()["results"] == []
+    assert client_for(alice).get(f"{URL}{entry['id']}/?open=true").json()["status"] == "left"
