@@ -37,7 +37,7 @@ from reservations.services import (
     _gpu_ids,
     _load_gpus,
     _lock,
-    _lock_booking_rows,
+    _lock_booker,
     _share,
     _snapshot,
     _write_allocations,
@@ -78,25 +78,31 @@ def offer_create(
 
 def offer_accept(*, reservation: Reservation, actor: Any) -> Reservation:
     """Turn an offer into its person's booking, in its own transaction, locking the person and then the
-    cards (the usual order). The limits see every other booking of theirs; the node or their limits may
-    make it a pending booking. Raises LimitExceeded (the offer stays: the caller withdraws it) and
-    InvalidState when it is no longer on offer."""
+    cards (the usual order), and checked as a new booking would be: the account active, the node and GPUs
+    still taking bookings, no maintenance since, the limits (every other booking of theirs counts). The node
+    or their limits may make it a pending booking, unless an admin takes it. Raises the BookingError (the
+    offer stays: the caller withdraws it), InvalidState when it is no longer on offer."""
     gpu_ids = list(reservation.allocations.values_list("gpu_id", flat=True))
     with _booking_transaction():
-        _lock_booking_rows(user_id=reservation.user_id, gpu_ids=gpu_ids)
+        _lock_booker(reservation.user, gpu_ids)
         locked = _lock(reservation.pk)
         if actor is not None and actor.pk != locked.user_id and not actor.is_booking_admin:
             raise NotAllowed(f"Reservation #{locked.pk} is offered to someone else.")
         now = timezone.now()
         _require_on_offer(locked, now)
-        units = list(Gpu.objects.select_related("parent").filter(allocations__reservation=locked))
+        units = list(Gpu.objects.select_related("node", "parent").filter(allocations__reservation=locked))
+        node = _bookable_node(units)
+        _check_slot_free(node=node, gpus=units, start=max(locked.start, now), end=locked.end, reservation=locked)
         limits = effective_limits(locked.user)
-        # An admin's booking skips the limits, as reservation_create's does: their own, or one they take for
-        # someone.
-        if not locked.user.is_booking_admin and not getattr(actor, "is_booking_admin", False):
+        # An admin's booking skips the limits and approval, as reservation_create's does: their own, or one they
+        # take for someone.
+        booker = actor if actor is not None else locked.user
+        by_admin = locked.user.is_booking_admin or booker.is_booking_admin
+        if not by_admin:
             offer_fits_limits(user=locked.user, units=units, start=locked.start, end=locked.end, now=now, offer=locked)
         before = _snapshot(locked)
-        locked.status = Status.PENDING if _approval_required(locked.node, limits) else Status.APPROVED
+        needs_approval = not booker.is_booking_admin and _approval_required(locked.node, limits)
+        locked.status = Status.PENDING if needs_approval else Status.APPROVED
         locked.created_by = actor if getattr(actor, "pk", None) else locked.user
         locked.save(update_fields=["status", "created_by"])
         _changed(actor, "claim", locked, before, mail_verb="create")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -10,12 +11,15 @@ from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import receiver
 from django.utils import timezone
 
+from accounts.signals import user_deactivated
 from nodes.models import Gpu, Node
 from nodes.signals import gpu_returned
 from reservations.models import MaintenanceWindow
 from reservations.signals import capacity_freed, reserved_capacity_released
 from waitlist.models import Entry
-from waitlist.services import offers_for_freed
+from waitlist.services import entries_close_for_inactive_user, offers_for_freed
+
+log = logging.getLogger(__name__)
 
 
 @receiver(capacity_freed.in_transaction)
@@ -74,3 +78,13 @@ def offer_returned_gpu(sender: type, gpu: Gpu, **kwargs: Any) -> None:
     last = Entry.objects.filter(status=Entry.Status.WAITING, latest_end__gt=now).aggregate(last=Max("latest_end"))
     if last["last"] is not None:
         offers_for_freed(node=gpu.node, gpu_ids=[gpu.pk], start=now, end=last["last"], now=now)
+
+
+@receiver(user_deactivated)
+def close_entries_of_deactivated_user(sender: type, user_id: int, **kwargs: Any) -> None:
+    """After the deactivation committed: the account's entries end and its offers pass on. A failure is
+    logged; beat's sweep (waitlist.sweep) finishes the job."""
+    try:
+        entries_close_for_inactive_user(user_id)
+    except Exception:
+        log.exception("waitlist entries of deactivated user %s not closed yet; beat's sweep will", user_id)

@@ -192,7 +192,9 @@ def offers_for_freed(*, node: Node, gpu_ids: Iterable[int], start: datetime, end
 
 
 def _candidates(entries: QuerySet[Entry]) -> list[Entry]:
-    return selectors.ranked(entries.select_related("user", "node").prefetch_related("gpus__parent"), now=timezone.now())
+    # A disabled account waits for nothing (its entries are closed by a receiver, or by beat's sweep).
+    entries = entries.filter(user__is_active=True).select_related("user", "node").prefetch_related("gpus__parent")
+    return selectors.ranked(entries, now=timezone.now())
 
 
 class _Capacity:
@@ -330,7 +332,7 @@ def _first_fit(
     return None
 
 
-def _skip(entry: Entry, refused: LimitExceeded, now: datetime) -> None:
+def _skip(entry: Entry, refused: BookingError, now: datetime) -> None:
     entry.skip_reason, entry.skipped_at = f"Passed over for a free slot: {refused}", now
     entry.save(update_fields=["skip_reason", "skipped_at"])
 
@@ -386,8 +388,9 @@ def offer_decline(*, entry: Entry, actor: Any) -> Entry:
 
 def _take(entry: Entry, *, actor: Any, claiming: bool = False) -> Entry:
     """Turn the entry's offer into its booking, under the entry's lock (so a lapse, a decline or a second
-    settle cannot cross it). Auto-booking over the limits passes the offer on and the entry waits again; a
-    claim over the limits is refused (the offer stays until it lapses or is declined)."""
+    settle cannot cross it). An auto-booking that cannot be booked (over the limits, the node drained or
+    under maintenance since, the slot over) passes the offer on (``_pass_on``); a claim that cannot is refused
+    with the reason (the offer stays until it lapses or is declined)."""
     with transaction.atomic():
         locked = Entry.objects.select_for_update(of=("self",)).select_related("user", "reservation").get(pk=entry.pk)
         if locked.status != Status.OFFERED or locked.reservation is None:
@@ -401,18 +404,54 @@ def _take(entry: Entry, *, actor: Any, claiming: bool = False) -> Entry:
         offer = locked.reservation
         try:
             booking = offer_accept(reservation=offer, actor=actor)
-        except LimitExceeded as refused:
+        except BookingError as refused:
             if claiming:
                 raise
-            locked.status, locked.reservation, locked.claim_by = Status.WAITING, None, None
-            _skip(locked, refused, timezone.now())
-            locked.save(update_fields=["status", "reservation", "claim_by"])
-            _withdraw(offer, actor=None, reason=f"{locked.user.get_username()}'s limits: {refused}")
+            _pass_on(locked, refused)
             return locked
         locked.status, locked.reservation, locked.ended_at = Status.BOOKED, booking, timezone.now()
         locked.claim_by, locked.skip_reason = None, ""
         locked.save(update_fields=["status", "reservation", "ended_at", "claim_by", "skip_reason"])
         return locked
+
+
+def _pass_on(entry: Entry, refused: BookingError | None = None) -> None:
+    """The entry's offer will not become its booking (``refused`` says why; None: it was cancelled or ended
+    elsewhere): the offer passes on, and the entry waits again with the reason, or ends when its window has
+    passed or its account is disabled. The caller holds the entry's lock."""
+    offer, now = entry.reservation, timezone.now()
+    if not entry.user.is_active:
+        _close(entry, Status.LEFT)
+    elif entry.latest_end - entry.duration < floor_to_grid(now):
+        _close(entry, Status.EXPIRED)
+    else:
+        entry.status, entry.reservation, entry.claim_by = Status.WAITING, None, None
+        entry.save(update_fields=["status", "reservation", "claim_by"])
+        if refused is not None:
+            _skip(entry, refused, now)
+    if offer is not None and offer.status == Reservation.Status.OFFERED:
+        reason = f"{entry.user.get_username()} could not take it: {refused}" if refused else "passed on"
+        _withdraw(offer, actor=None, reason=reason)
+
+
+def entries_close_for_inactive_user(user_id: int) -> list[int]:
+    """A disabled account waits for nothing: its open entries end (left) and any slot on offer passes on.
+    Run when an account is deactivated (waitlist/receivers.py) and by beat's sweep. Returns the entries."""
+    closed = []
+    open_entries = Entry.objects.filter(user_id=user_id, user__is_active=False, status__in=Entry.OPEN_STATUSES)
+    for pk in open_entries.values_list("pk", flat=True):
+        with transaction.atomic():
+            entry = (
+                Entry.objects.select_for_update(of=("self",))
+                .select_related("user", "reservation")
+                .filter(pk=pk, status__in=Entry.OPEN_STATUSES)
+                .first()
+            )
+            if entry is None:
+                continue
+            _pass_on(entry)
+            closed.append(pk)
+    return closed
 
 
 def _withdraw(offer: Reservation, *, actor: Any, reason: str) -> None:
@@ -439,13 +478,30 @@ class Sweep:
     lapsed: list[int]
     expired: list[int]
     settled: list[int]
+    passed_on: list[int]
 
 
 def waitlist_sweep(now: datetime | None = None) -> Sweep:
-    """Lapse unclaimed offers (each passes on once), expire entries whose window has passed, and settle
-    auto-booking offers whose after-commit step never ran. Idempotent."""
+    """Lapse unclaimed offers (each passes on once), expire entries whose window has passed, settle
+    auto-booking offers whose after-commit step never ran, and pass on what can no longer be taken (an offer
+    cancelled or ended elsewhere, an account disabled). Idempotent; one entry that fails is logged and the
+    others still go."""
     now = now or timezone.now()
-    sweep = Sweep(lapsed=[], expired=[], settled=[])
+    sweep = Sweep(lapsed=[], expired=[], settled=[], passed_on=[])
+    # Offered, but the offer was cancelled elsewhere or its slot is over: nobody can take it any more.
+    gone = Q(reservation__isnull=True) | ~Q(reservation__status=Reservation.Status.OFFERED)
+    gone |= Q(reservation__end__lte=now)
+    for pk in Entry.objects.filter(gone, status=Status.OFFERED).values_list("pk", flat=True):
+        with transaction.atomic():
+            locked = Entry.objects.select_for_update(of=("self",)).select_related("user", "reservation")
+            entry = locked.filter(gone, pk=pk, status=Status.OFFERED).first()
+            if entry is not None:
+                _pass_on(entry)
+                sweep.passed_on.append(pk)
+    for user_id in set(
+        Entry.objects.filter(status__in=Entry.OPEN_STATUSES, user__is_active=False).values_list("user_id", flat=True)
+    ):
+        sweep.passed_on += entries_close_for_inactive_user(user_id)
     for pk in Entry.objects.filter(status=Status.OFFERED, claim_by__lte=now).values_list("pk", flat=True):
         with transaction.atomic():
             entry = Entry.objects.select_for_update().filter(pk=pk, status=Status.OFFERED, claim_by__lte=now).first()
@@ -460,7 +516,12 @@ def waitlist_sweep(now: datetime | None = None) -> Sweep:
     for pk in Entry.objects.filter(status=Status.OFFERED, auto_book=True, offered_at__lte=stale).values_list(
         "pk", flat=True
     ):
-        if offer_settle(pk) is not None:
+        try:
+            settled = offer_settle(pk)
+        except Exception:  # the next sweep tries again; the others go on
+            log.exception("waitlist entry %s: settling its offer failed", pk)
+            continue
+        if settled is not None:
             sweep.settled.append(pk)
     for entry in Entry.objects.filter(status=Status.WAITING).only("pk", "latest_end", "duration"):
         too_late = entry.latest_end - entry.duration < floor_to_grid(now)

@@ -11,4 +11,9 @@ from waitlist.services import waitlist_sweep
 def sweep() -> dict[str, int]:
     """Beat, every minute: idempotent."""
     done = waitlist_sweep()
-    return {"lapsed": len(done.lapsed), "expired": len(done.expired), "settled": len(done.settled)}
+    return {
+        "lapsed": len(done.lapsed),
+        "expired": len(done.expired),
+        "settled": len(done.settled),
+        "passed_on": len(done.passed_on),
+    }

@@ -8,18 +8,28 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
+from accounts.models import User
+from accounts.services import user_deactivate
 from fairshare.models import GroupShare
 from nodes.models import Gpu
 from nodes.services import gpu_drain, gpu_return_to_service
 from notifications.models import Kind, Notification
-from reservations.exceptions import InvalidBooking, NotAllowed, SlotConflict
+from reservations.exceptions import InvalidBooking, MaintenanceConflict, NotAllowed, SlotConflict
 from reservations.models import Limit, MaintenanceWindow, Reservation
 from reservations.series import series_create, series_edit
 from reservations.services import reservation_cancel, reservation_create, reservation_release
 from tests.conftest import at
 from tests.factories import UserFactory, book
 from waitlist.models import Entry
-from waitlist.services import Want, entry_join, entry_leave, offer_claim, offer_decline, waitlist_sweep
+from waitlist.services import (
+    Want,
+    entry_join,
+    entry_leave,
+    offer_claim,
+    offer_decline,
+    offer_settle,
+    waitlist_sweep,
+)
 
 pytestmark = pytest.mark.usefixtures("clock")
 Status = Reservation.Status
@@ -310,3 +320,90 @@ def test_a_series_edit_keeps_its_own_slots_and_offers_only_what_it_gave_up(alice
     entry.refresh_from_db()
     assert entry.status == Entry.Status.BOOKED
     assert (entry.reservation.user, entry.reservation.start, entry.reservation.end) == (bob, at(1), at(2))
+
+
+def unsettled_offer(user, gpus, taken_by, *, hours=2, start=1, end=3, auto_book=True):
+    """An offer written (the booking freeing it committed) whose after-commit settling has not run yet."""
+    taken = book(taken_by, [gpus[0]], at(start), at(start + hours))
+    entry = entry_join(user=user, want=want([gpus[0]], hours=hours, start=start, end=end, auto_book=auto_book))
+    reservation_cancel(reservation=taken, actor=taken_by)  # its on-commit settling never runs in the test
+    entry.refresh_from_db()
+    assert entry.status == Entry.Status.OFFERED
+    return entry
+
+
+def test_an_auto_booking_whose_slot_ended_before_settling_is_passed_on_by_the_sweep(alice, bob, gpus, clock):
+    entry = unsettled_offer(alice, gpus, bob, hours=1, start=1, end=2)
+    clock.move_to(at(2, 0) + timedelta(minutes=5), tick=False)
+
+    sweep = waitlist_sweep()  # used to raise at every run: the offer could not be accepted any more
+
+    entry.refresh_from_db()
+    assert entry.status == Entry.Status.EXPIRED
+    assert entry.reservation.status == Status.CANCELLED
+    assert sweep.passed_on == [entry.pk] and waitlist_sweep().passed_on == []
+
+
+def test_an_auto_booking_on_a_gpu_drained_since_waits_again_with_the_reason(alice, bob, gpus):
+    entry = unsettled_offer(alice, gpus, bob)
+    offer = entry.reservation
+    gpu_drain(gpu=gpus[0], reason="fan failure")
+
+    offer_settle(entry.pk)
+
+    entry.refresh_from_db()
+    offer.refresh_from_db()
+    assert (entry.status, entry.reservation) == (Entry.Status.WAITING, None)
+    assert "cannot be booked right now" in entry.skip_reason
+    assert offer.status == Status.CANCELLED
+
+
+def test_claiming_an_offer_under_maintenance_since_is_refused_and_keeps_it(alice, bob, carol, gpus):
+    entry = unsettled_offer(alice, gpus, bob, auto_book=False)
+    MaintenanceWindow.objects.create(node=gpus[0].node, start=at(1), end=at(4), reason="new PSU", created_by=carol)
+
+    with pytest.raises(MaintenanceConflict, match="new PSU"):
+        offer_claim(entry=entry, actor=alice)
+    entry.refresh_from_db()
+    assert (entry.status, entry.reservation.status) == (Entry.Status.OFFERED, Status.OFFERED)
+
+
+def test_an_admin_claiming_for_someone_skips_the_approval_the_node_asks_for(alice, bob, carol, gpus, node):
+    node.requires_approval = True
+    node.save(update_fields=["requires_approval"])
+    mine = unsettled_offer(alice, gpus, bob, auto_book=False)
+    assert offer_claim(entry=mine, actor=alice).reservation.status == Status.PENDING
+
+    theirs = unsettled_offer(bob, gpus, carol, start=4, end=6, auto_book=False)
+    assert offer_claim(entry=theirs, actor=carol).reservation.status == Status.APPROVED
+
+
+def test_a_deactivated_account_stops_waiting_and_its_offer_passes_on(alice, bob, carol, gpus, run_after_commit):
+    dave = UserFactory(username="dave")
+    entry = unsettled_offer(alice, gpus, bob, auto_book=False)
+    behind = entry_join(user=dave, want=want([gpus[0]]), now=at(0) + timedelta(seconds=1))
+
+    with run_after_commit():
+        user_deactivate(user=alice, actor=carol, reason="left the lab")
+
+    entry.refresh_from_db()
+    behind.refresh_from_db()
+    assert entry.status == Entry.Status.LEFT and entry.reservation.status == Status.CANCELLED
+    assert behind.status == Entry.Status.BOOKED and behind.reservation.user == dave
+
+
+def test_the_sweep_closes_what_a_deactivation_left_open_and_nothing_is_offered_to_it(
+    alice, bob, gpus, run_after_commit
+):
+    taken = book(bob, [gpus[0]], at(1), at(3))
+    entry = entry_join(user=alice, want=want([gpus[0]]))
+    User.objects.filter(pk=alice.pk).update(is_active=False)  # a write that bypassed the deactivation's reaction
+
+    with run_after_commit():
+        reservation_cancel(reservation=taken, actor=bob)
+    entry.refresh_from_db()
+    assert entry.status == Entry.Status.WAITING and not Reservation.objects.filter(status=Status.OFFERED).exists()
+
+    assert waitlist_sweep().passed_on == [entry.pk]
+    entry.refresh_from_db()
+    assert entry.status == Entry.Status.LEFT
