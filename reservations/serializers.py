@@ -16,14 +16,19 @@ from reservations.models import Reservation
 from reservations.selectors import pending_extension
 
 
-class ReservationCreateInput(serializers.Serializer):
-    gpus = serializers.ListField(
+def gpu_ids_field(help_text: str) -> serializers.ListField:
+    """Optional GPU ids (1 to 64 of them), as every input that names GPUs takes them."""
+    return serializers.ListField(
         child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
         required=False,
         allow_empty=False,
         max_length=64,
-        help_text="GPU ids, all on one node. Or give node and gpu_count and let the portal pick.",
+        help_text=help_text,
     )
+
+
+class ReservationCreateInput(serializers.Serializer):
+    gpus = gpu_ids_field("GPU ids, all on one node. Or give node and gpu_count and let the portal pick.")
     node = serializers.CharField(required=False, max_length=63, help_text="Node name, with gpu_count.")
     gpu_count = serializers.IntegerField(required=False, min_value=1, max_value=64)
     profile = serializers.RegexField(

@@ -20,6 +20,7 @@ from kernel.api_schema import ERRORS
 from kernel.fields import AwareDateTimeField
 from reservations.api import _pick_gpus, _validated
 from reservations.models import Series
+from reservations.serializers import gpu_ids_field
 from reservations.series import (
     SeriesReport,
     series_book_within_reach,
@@ -33,13 +34,7 @@ MODES = [(mode.value, mode.label) for mode in Series.Mode]
 
 
 class SeriesCreateInput(serializers.Serializer):
-    gpus = serializers.ListField(
-        child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
-        required=False,
-        allow_empty=False,
-        max_length=64,
-        help_text="GPU ids, all on one node, booked for every occurrence. Or give node and gpu_count.",
-    )
+    gpus = gpu_ids_field("GPU ids, all on one node, booked for every occurrence. Or give node and gpu_count.")
     node = serializers.CharField(required=False, max_length=63, help_text="Node name, with gpu_count.")
     gpu_count = serializers.IntegerField(
         required=False, min_value=1, max_value=64, help_text="With node: GPUs free for the first occurrence."

@@ -8,17 +8,12 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from kernel.fields import AwareDateTimeField
+from reservations.serializers import gpu_ids_field
 from waitlist.models import Entry
 
 
 class JoinInput(serializers.Serializer):
-    gpus = serializers.ListField(
-        child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
-        required=False,
-        allow_empty=False,
-        max_length=64,
-        help_text="Wait for these GPU ids (all on one node). Or give node (or model) and count.",
-    )
+    gpus = gpu_ids_field("Wait for these GPU ids (all on one node). Or give node (or model) and count.")
     node = serializers.CharField(required=False, max_length=63, help_text="Any `count` GPUs of this node.")
     model = serializers.CharField(required=False, max_length=100, help_text="Any `count` GPUs of this model.")
     count = serializers.IntegerField(required=False, min_value=1, max_value=64, default=1)
