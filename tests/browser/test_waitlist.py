@@ -4,14 +4,16 @@ form comes filled in; when the slot frees up it is held for them, and they claim
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from playwright.sync_api import expect
 
 from reservations.models import Reservation
 from reservations.services import reservation_cancel, reservation_create
-from tests.browser.helpers import drag, log_in, open_tomorrow, tomorrow_at
+from tests.browser.helpers import drag, log_in, open_page, open_tomorrow, tomorrow_at
 from waitlist.models import Entry
+from waitlist.services import Want, entry_join
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,3 +55,30 @@ def test_join_the_waitlist_from_a_refusal_then_claim_the_offer(page, live_server
     expect(page.locator(".messages")).to_contain_text("The slot is yours")
     booking = Reservation.objects.get(user=alice)
     assert (booking.status, booking.start, booking.end) == ("approved", tomorrow_at(11), tomorrow_at(13))
+
+
+def test_an_offer_appears_on_the_waitlist_page_without_a_reload(asgi_server, live_lab, page, screenshot):
+    researcher, admin, gpus = live_lab["researcher"], live_lab["admin"], live_lab["gpus"]
+    taken = reservation_create(user=admin, gpus=[gpus[0]], start=tomorrow_at(10), end=tomorrow_at(12))
+    want = Want(
+        gpus=[gpus[0]],
+        earliest_start=tomorrow_at(10),
+        latest_end=tomorrow_at(12),
+        duration=timedelta(hours=2),
+        auto_book=False,
+    )
+    entry = entry_join(user=researcher, want=want)
+    open_page(page, asgi_server, researcher, "/waitlist/")
+    expect(page.locator("#live-state")).to_have_text("Live")
+    expect(page.locator(f"#entry-{entry.pk}")).to_contain_text("live-a100/GPU 0 for 2 h")
+    page.evaluate("window.loadedOnce = true")  # gone if the page reloaded
+
+    reservation_cancel(reservation=taken, actor=admin)  # committed: offered to rita, held for her
+
+    offer = page.locator(f".offers #entry-{entry.pk}")
+    expect(offer).to_contain_text("Held for you until")
+    expect(page.locator("#waitlist-news")).to_contain_text("A slot is on offer to you: live-a100, GPU 0:")
+    assert page.evaluate("window.loadedOnce") is True
+    screenshot("offer-arrived")
+    offer.get_by_role("button", name="Claim it").click()
+    expect(page.locator(".messages")).to_contain_text("The slot is yours")
