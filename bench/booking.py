@@ -1,7 +1,8 @@
 """Booking throughput: ``reservation_create`` against the raw cost of writing the same rows.
 
 What it measures
-    For 1, 4 and 16 concurrent clients (threads, each with its own database connection), how many
+    For 1, 4 and 16 concurrent clients (processes, as web workers are, each with its own database
+    connection; ``--threads`` for threads of one process, as the figures before issue 20 were taken), how many
     bookings per second ``reservations.services.reservation_create`` makes, with the p50 and p99
     latency of one call. Every call books one GPU for one hour; the clients never compete for a
     slot: each owns its GPUs (and its user) and walks forward in time, one hour after another,
@@ -48,7 +49,15 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.* and the portal
 
-from bench.benchdb import allow_booking_ahead, open_database, percentile_ms, postgres_version, reset_lab, run_together
+from bench.benchdb import (
+    allow_booking_ahead,
+    open_database,
+    percentile_ms,
+    postgres_version,
+    reset_lab,
+    run_apart,
+    run_together,
+)
 
 GPU_COUNT = 64
 USER_COUNT = 16
@@ -107,6 +116,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each run (default 5)")
     parser.add_argument("--clients", default="1,4,16", help="comma-separated concurrency levels (default 1,4,16)")
+    parser.add_argument(
+        "--threads", action="store_true", help="clients as threads of one process (as measured before issue 20)"
+    )
     args = parser.parse_args(argv)
     args.levels = [int(part) for part in args.clients.split(",") if part.strip()]
     if args.seconds <= 0 or not args.levels or min(args.levels) < 1 or max(args.levels) > USER_COUNT:
@@ -180,18 +192,29 @@ def run_clients(
     prepare: Callable[[], Any],
     book: Callable[[Any, Lane, int, datetime, datetime], None],
     finish: Callable[[Any], None],
+    *,
+    threads: bool = False,
 ) -> RunResult:
-    """Run one thread per lane for ``seconds``, all starting together; each books back to back.
+    """Run one client per lane for ``seconds``, all starting together; each books back to back. Each
+    client is a process of its own, as web workers are (``threads``: a thread, all sharing one
+    interpreter lock, as this bench measured before).
 
-    ``prepare`` opens the thread's connection (before the clock starts), ``book`` makes one
+    ``prepare`` opens the client's connection (before the clock starts), ``book`` makes one
     booking with it, ``finish`` closes it.
     """
-    results = [ClientResult() for _ in lanes]
-    workers = [
-        partial(_client, lane, result, seconds, prepare, book, finish)
-        for lane, result in zip(lanes, results, strict=True)
-    ]
-    elapsed = run_together(workers)
+    if threads:
+        results = [ClientResult() for _ in lanes]
+        workers = [
+            partial(_client, lane, result, seconds, prepare, book, finish)
+            for lane, result in zip(lanes, results, strict=True)
+        ]
+        elapsed = run_together(workers)
+    else:
+        workers = [partial(_client, lane, ClientResult(), seconds, prepare, book, finish) for lane in lanes]
+        elapsed, answers = run_apart(workers)
+        results = [
+            answer if isinstance(answer, ClientResult) else ClientResult(errors=[str(answer)]) for answer in answers
+        ]
     return RunResult(
         clients=len(lanes),
         elapsed=elapsed,
@@ -209,7 +232,7 @@ def _client(
     book: Callable[[Any, Lane, int, datetime, datetime], None],
     finish: Callable[[Any], None],
     ready: Callable[[], float],
-) -> None:
+) -> ClientResult:
     handle = None
     try:
         handle = prepare()
@@ -221,6 +244,7 @@ def _client(
             _book_until(lane, result, deadline, handle, book)
     finally:
         finish(handle)
+    return result
 
 
 def _book_until(
@@ -247,7 +271,7 @@ def _book_until(
 # --- the two contenders ---------------------------------------------------------------------
 
 
-def service_run(lanes: list[Lane], seconds: float) -> RunResult:
+def service_run(lanes: list[Lane], seconds: float, *, threads: bool = False) -> RunResult:
     """Clients calling reservations.services.reservation_create through Django."""
     from django.db import connection
 
@@ -263,7 +287,7 @@ def service_run(lanes: list[Lane], seconds: float) -> RunResult:
     def finish(_conn: Any) -> None:
         connection.close()
 
-    return run_clients(lanes, seconds, prepare, book, finish)
+    return run_clients(lanes, seconds, prepare, book, finish, threads=threads)
 
 
 RAW_RESERVATION_SQL = """
@@ -281,7 +305,7 @@ RAW_ALLOCATION_SQL = """
 """
 
 
-def raw_run(url: str, lanes: list[Lane], seconds: float) -> RunResult:
+def raw_run(url: str, lanes: list[Lane], seconds: float, *, threads: bool = False) -> RunResult:
     """Clients inserting the same rows with plain psycopg: one transaction per booking."""
 
     def prepare() -> psycopg.Connection[Any]:
@@ -300,7 +324,7 @@ def raw_run(url: str, lanes: list[Lane], seconds: float) -> RunResult:
         if conn is not None:
             conn.close()
 
-    return run_clients(lanes, seconds, prepare, book, finish)
+    return run_clients(lanes, seconds, prepare, book, finish, threads=threads)
 
 
 # --- reporting ------------------------------------------------------------------------------
@@ -333,9 +357,10 @@ def print_table(pairs: list[tuple[RunResult, RunResult]]) -> None:
         print(" | ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)))
 
 
-def print_context(seconds: float) -> None:
+def print_context(seconds: float, *, threads: bool) -> None:
     print(
-        f"booking benchmark: {seconds:g} s per run, 1-hour slots on 1 GPU per call, "
+        f"booking benchmark: {seconds:g} s per run, clients as {'threads' if threads else 'processes'}, "
+        "1-hour slots on 1 GPU per call, "
         f"{GPU_COUNT} GPUs, {USER_COUNT} users, limits: {HORIZON.days + 1} days ahead only, no approval; "
         f"PostgreSQL {postgres_version()}, "
         f"{os.cpu_count()} CPUs"
@@ -351,16 +376,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     reset_bench_data()
     allow_booking_ahead(HORIZON.days + 1)
     node, users, gpu_ids = create_fixtures()
-    print_context(args.seconds)
+    print_context(args.seconds, threads=args.threads)
 
     pairs: list[tuple[RunResult, RunResult]] = []
     for clients in args.levels:
         lanes = make_lanes(node, users, gpu_ids, clients)
         empty_bookings()
-        service = service_run(lanes, args.seconds)
+        service = service_run(lanes, args.seconds, threads=args.threads)
         report_errors("service", service)
         empty_bookings()
-        raw = raw_run(url, lanes, args.seconds)
+        raw = raw_run(url, lanes, args.seconds, threads=args.threads)
         report_errors("raw psycopg", raw)
         pairs.append((service, raw))
     print()
