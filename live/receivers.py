@@ -22,7 +22,7 @@ from django.dispatch import receiver
 from alerts.selectors import alerts_data
 from alerts.signals import alert_changed
 from live import broadcast
-from live.status import broadcast_node_status, broadcast_telemetry
+from live.status import broadcast_node_status, broadcast_node_status_soon, broadcast_telemetry
 from nodes.ingest import event_data
 from nodes.models import Gpu, GpuTelemetry, Node, NodeEvent
 from nodes.signals import gpu_drained, gpu_returned, node_events_recorded, node_reported, telemetry_received
@@ -43,7 +43,7 @@ def _calendar_after_commit(*, node: str | None, start: Any = None, end: Any = No
 def booking_changed(
     sender: type, reservation: Reservation, after: dict[str, Any], touched_start: str, touched_end: str, **kwargs: Any
 ) -> None:
-    broadcast_node_status([reservation.node_id])
+    broadcast_node_status_soon([reservation.node_id])  # built by a worker, coalesced (live/status.py)
     broadcast.send_calendar_change(node=after["node"], start=touched_start, end=touched_end)
 
 

@@ -4,6 +4,13 @@ The cards are built by reservations/fleet.py (the status page and API use the sa
 sends them: whole cards when a node's state, holders or bookings changed (live/receivers.py reacts to
 bookings, reports, drains and admin edits), only the new readings on a plain telemetry report, and on
 beat's refresh the cards that changed with time alone.
+
+A booking's cards are built by a worker, not by the request that booked (``broadcast_node_status_soon``):
+rebuilding a node's cards costs more than the booking itself, and a burst of bookings on one node needs
+one rebuild, not one each. The first change sets a short-lived "status pending" mark in Redis and queues
+the rebuild ``LIVE_STATUS_COALESCE_SECONDS`` later; the changes that follow while the mark is set ride on
+it, because the task clears the mark before it reads the database (as lease pushes coalesce:
+reservations/pushes.py). With Redis or the broker away, the request builds the cards itself.
 """
 
 from __future__ import annotations
@@ -13,16 +20,20 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from kernel.redis_client import redis_client
 from live import broadcast
 from nodes.liveness import nodes_mark_offline
 from nodes.models import GpuTelemetry, Node
 from reservations.fleet import fleet_status, for_viewer, nodes_at_boundaries, reading_data, reading_for_viewer
 
 logger = logging.getLogger(__name__)
+
+PENDING_KEY = "gpubook:status-pending:{node_id}"
 
 
 def broadcast_node_status(node_ids: Iterable[int] | None) -> None:
@@ -31,6 +42,45 @@ def broadcast_node_status(node_ids: Iterable[int] | None) -> None:
     ids = None if node_ids is None else sorted(set(node_ids))
     if ids != []:
         transaction.on_commit(lambda: _send_node_status(ids))
+
+
+def broadcast_node_status_soon(node_ids: Iterable[int]) -> None:
+    """Once the current transaction commits, have a worker send the nodes' fresh cards within
+    LIVE_STATUS_COALESCE_SECONDS, coalesced with every other change meanwhile (0: at once, here)."""
+    ids = sorted(set(node_ids))
+    if not ids:
+        return
+    if settings.LIVE_STATUS_COALESCE_SECONDS <= 0:
+        broadcast_node_status(ids)
+        return
+    transaction.on_commit(lambda: _request_node_status(ids))
+
+
+def _request_node_status(node_ids: list[int]) -> None:
+    delay = settings.LIVE_STATUS_COALESCE_SECONDS
+    try:
+        client = redis_client()
+        # The mark outlives the queued task by a margin, so a lost task cannot hold the node's cards back for long.
+        due = [
+            node_id
+            for node_id in node_ids
+            if client.set(PENDING_KEY.format(node_id=node_id), "1", nx=True, ex=max(int(delay * 10), 10))
+        ]
+        if due:
+            send_node_status.apply_async((due,), countdown=delay, expires=settings.STATUS_REFRESH_SECONDS * 6)
+    except Exception:
+        logger.warning("could not queue the status of nodes %s; building it here", node_ids, exc_info=True)
+        _send_node_status(node_ids)
+
+
+@shared_task(name="live.send_node_status", ignore_result=True)
+def send_node_status(node_ids: list[int]) -> None:
+    """The worker's side of ``broadcast_node_status_soon``: clear the marks, then read and send."""
+    try:
+        redis_client().delete(*(PENDING_KEY.format(node_id=node_id) for node_id in node_ids))
+    except Exception:  # the marks expire by themselves; the cards go out anyway
+        logger.warning("could not clear the status marks of nodes %s", node_ids, exc_info=True)
+    _send_node_status(node_ids)
 
 
 def _send_node_status(node_ids: list[int] | None) -> None:

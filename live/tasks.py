@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from live.status import refresh_status
+from live.status import refresh_status, send_node_status
+
+__all__ = ["refresh_live_status", "send_node_status"]  # send_node_status: registered with the worker
 
 
 # The name it had when it lived in nodes/: it travels in beat's schedule and queued messages.

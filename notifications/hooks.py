@@ -16,14 +16,16 @@ from django.db import transaction
 
 from notifications.services import booking_changed
 from notifications.tasks import send_outbox
+from reservations.models import Reservation
 
 logger = logging.getLogger(__name__)
 
 
-def mail_after_commit(reservation_id: int, verb: str) -> None:
-    """The mails of a booking change (``verb``: create, approve, reject, cancel, release, extend...)."""
-    if booking_changed(reservation_id, verb):
-        send_after_commit(reservation_id)
+def mail_after_commit(reservation: Reservation, verb: str) -> None:
+    """The mails of a booking change (``verb``: create, approve, reject, cancel, release, extend...), decided
+    from the booking as the change left it."""
+    if booking_changed(reservation, verb):
+        send_after_commit(reservation.pk)
 
 
 def send_after_commit(reservation_id: int) -> None:

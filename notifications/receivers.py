@@ -14,4 +14,4 @@ from reservations.signals import reservation_changed
 
 @receiver(reservation_changed.in_transaction)
 def queue_booking_mails(sender: type, reservation: Reservation, mail_verb: str, **kwargs: Any) -> None:
-    mail_after_commit(reservation.pk, mail_verb)
+    mail_after_commit(reservation, mail_verb)

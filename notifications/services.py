@@ -2,7 +2,7 @@
 
 Every mail is a ``Notification`` row, unique per (kind, booking, person, moment). Rows are written
 by what causes the mail, inside its transaction, so a mail exists exactly when its cause committed:
-- ``booking_changed(reservation_id, verb)``: a booking change, from inside the booking service's
+- ``booking_changed(reservation, verb)``: a booking change, from inside the booking service's
   transaction (notifications.hooks.mail_after_commit): confirmed or waiting (and "approval needed"
   to the admins), approved (a booking, or an extension merged into it), rejected.
 - ``notification_enqueue(...)``: the same for other causes (alerts/: an idle booking's holder).
@@ -91,12 +91,15 @@ def notification_enqueue(
     return len(rows)
 
 
-def booking_changed(reservation_id: int, verb: str) -> int:
+def booking_changed(reservation: Reservation | int, verb: str) -> int:
     """The mails a booking change calls for, written in the change's transaction: who gets what is
-    decided from the booking as the change left it. Returns how many rows were asked for."""
-    reservation = Reservation.objects.select_related("user").filter(pk=reservation_id).first()
-    if reservation is None:
-        return 0
+    decided from the booking as the change left it (the one in hand, or read by id). Returns how many rows
+    were asked for."""
+    if not isinstance(reservation, Reservation):
+        found = Reservation.objects.select_related("user").filter(pk=reservation).first()
+        if found is None:
+            return 0
+        reservation = found
     owner, status = reservation.user, reservation.status
     # What the templates may ask of the change: ``change`` (the verb), ``extension_approved``.
     context = {"change": verb, "extension_approved": verb == "extension_approved"}

@@ -399,6 +399,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # milliseconds; a queued snapshot nobody took within the expiry is dropped (the next push replaces it).
 LEASE_PUSH_COALESCE_SECONDS = envint("LEASE_PUSH_COALESCE_MS", 200) / 1000
 LEASE_PUSH_EXPIRES_SECONDS = envint("LEASE_PUSH_EXPIRES_SECONDS", 120)
+# The status cards a booking changed are rebuilt by a worker, coalescing the changes of this many
+# milliseconds (live/status.py); 0 builds them in the request that booked, at once.
+LIVE_STATUS_COALESCE_SECONDS = envint("LIVE_STATUS_COALESCE_MS", 250) / 1000
 # A node whose agent has not reported for this long is shown offline.
 AGENT_OFFLINE_AFTER_SECONDS = envint("AGENT_OFFLINE_AFTER_SECONDS", 40)
 # A broker credential per node (nodes/broker_users.py, docs/agent.md "The broker"): register_node and the

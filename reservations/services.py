@@ -301,10 +301,9 @@ def _require_may_book(user: User, actor: Any) -> None:
 
 def _lock_booker(user: User, gpu_ids: list[int]) -> None:
     """In a booking transaction: lock the user, then the GPUs, and check the account is still active."""
-    _lock_booking_rows(user_id=user.pk, gpu_ids=gpu_ids)
-    # Again under the user's row lock, which a deactivation's UPDATE needs too: either it committed
+    # Read under the user's row lock, which a deactivation's UPDATE needs too: either it committed
     # first and this read sees it, or it comes after and its reaction ends this booking as well.
-    if not User.objects.filter(pk=user.pk, is_active=True).exists():
+    if not _lock_booking_rows(user_id=user.pk, gpu_ids=gpu_ids):
         raise NotAllowed(f"{user.get_username()}'s account is disabled.")
 
 
@@ -363,7 +362,7 @@ def _create_booking(
         **fields,
     )
     _write_allocations(reservation, gpus)
-    _changed(actor, "create", reservation, before=None)
+    _changed(actor, "create", reservation, before=None, gpus=gpus)
     return reservation
 
 
@@ -481,7 +480,9 @@ def _unit_bookable(gpu: Gpu) -> bool:
 def _check_slot_free(
     *, node: Node, gpus: list[Gpu], start: datetime, end: datetime, reservation: Reservation | None = None
 ) -> None:
-    windows = list(selectors.maintenance_overlapping(node=node, gpus=gpus, start=start, end=end))
+    # Asked first as yes/no (no joins to build and read): most slots asked for are free.
+    maintenance = selectors.maintenance_overlapping(node=node, gpus=gpus, start=start, end=end)
+    windows = list(maintenance) if maintenance.exists() else []
     if windows:
         described = "; ".join(
             f"{w.gpu or w.node.name} {format_period(w.start, w.end)}" + (f" ({w.reason})" if w.reason else "")
@@ -501,13 +502,11 @@ def _check_slot_free(
                 for w in windows
             ],
         )
-    clashes = list(
-        selectors.allocations_overlapping(
-            gpus=gpus, start=start, end=end, exclude_reservation_id=reservation.pk if reservation else None
-        )
+    overlapping = selectors.allocations_overlapping(
+        gpus=gpus, start=start, end=end, exclude_reservation_id=reservation.pk if reservation else None
     )
-    if clashes:
-        raise _conflict(clashes)
+    if overlapping.exists():
+        raise _conflict(list(overlapping))
 
 
 # How a clash's status reads in a refusal ("... by alice (reservation #12, pending)").
@@ -578,11 +577,12 @@ def _changed(
     before: dict[str, Any] | None,
     reason: str = "",
     mail_verb: str | None = None,
+    gpus: Sequence[Gpu] | None = None,
 ) -> None:
     """Every state change is announced, inside its transaction: the receivers audit it and queue its
     mails with it, and once it commits push the node its new lease state and tell open pages
-    (reservations/signals.py lists them)."""
-    after = _snapshot(reservation)
+    (reservations/signals.py lists them). ``gpus``: the booking's units, when the caller has them."""
+    after = _snapshot(reservation, gpus)
     touched = [after] + ([before] if before else [])
     reservation_changed.send(
         sender=Reservation,
@@ -598,11 +598,18 @@ def _changed(
     )
 
 
-def _snapshot(reservation: Reservation) -> dict[str, Any]:
+def _snapshot(reservation: Reservation, gpus: Sequence[Gpu] | None = None) -> dict[str, Any]:
+    """The booking as the audit trail and the signals' receivers see it. ``gpus``: its units, if the caller
+    has them loaded (a new booking's), else they are read from its allocations."""
+    indexes = (
+        [gpu.index for gpu in gpus]
+        if gpus is not None
+        else reservation.allocations.values_list("gpu__index", flat=True)
+    )
     return {
         "user": reservation.user.get_username(),
         "node": reservation.node.name,
-        "gpus": sorted(reservation.allocations.values_list("gpu__index", flat=True)),
+        "gpus": sorted(indexes),
         "start": reservation.start.isoformat(),
         "end": reservation.end.isoformat(),
         "status": reservation.status,
@@ -713,12 +720,15 @@ def _merged_meanwhile(reservation_id: int) -> InvalidState:
     )
 
 
-def _lock_booking_rows(*, user_id: int, gpu_ids: list[int]) -> None:
+def _lock_booking_rows(*, user_id: int, gpu_ids: list[int]) -> bool:
     """Lock the booking user, then the physical cards of these GPUs in id order (always this order: no
-    deadlocks). Cards, not slices: a booking of a card and one of its slice queue up behind one lock."""
-    list(User.objects.select_for_update().filter(pk=user_id).values_list("pk", flat=True))
-    cards = Gpu.objects.filter(pk__in=gpu_ids).values_list(Coalesce("parent_id", "id"), flat=True)
-    list(Gpu.objects.select_for_update().filter(pk__in=list(cards)).order_by("pk").values_list("pk", flat=True))
+    deadlocks). Cards, not slices: a booking of a card and one of its slice queue up behind one lock.
+    Returns whether the user is active, as the locked row says (PostgreSQL reads the row's latest version
+    once the lock is granted)."""
+    active = User.objects.select_for_update().filter(pk=user_id).values_list("is_active", flat=True).first()
+    cards = Gpu.objects.filter(pk__in=gpu_ids).order_by().values(card=Coalesce("parent_id", "id"))
+    list(Gpu.objects.select_for_update().filter(pk__in=cards).order_by("pk").values_list("pk", flat=True))
+    return bool(active)
 
 
 def _write_allocations(reservation: Reservation, gpus: list[Gpu]) -> None:

@@ -23,11 +23,20 @@ MONDAY_9 = datetime(2030, 1, 7, 9, 0, tzinfo=UTC)
 # the portal processes they start included (their environment is this one); the tests of the broker users
 # turn it on against a redis-server of their own (tests/nodes/test_broker_users.py).
 os.environ["NODE_BROKER_USERS"] = "false"
+# A booking's status cards are built by a worker, coalesced (live/status.py). Most tests run no worker: the
+# cards are built at once, in the process that booked, as with LIVE_STATUS_COALESCE_MS=0, the portal processes
+# they start included. tests/live/test_status_coalescing.py runs the worker's path.
+os.environ["LIVE_STATUS_COALESCE_MS"] = "0"
 
 
 @pytest.fixture(autouse=True)
 def single_broker_credential(settings):
     settings.NODE_BROKER_USERS = False
+
+
+@pytest.fixture(autouse=True)
+def status_cards_at_once(settings):
+    settings.LIVE_STATUS_COALESCE_SECONDS = 0
 
 
 @pytest.fixture(autouse=True)

@@ -79,7 +79,7 @@ def test_control_without_the_lock_the_race_is_real_and_the_constraint_holds(race
         real_check(**kwargs)
         passed_check.wait()
 
-    monkeypatch.setattr(services, "_lock_booking_rows", lambda **kwargs: None)
+    monkeypatch.setattr(services, "_lock_booking_rows", lambda **kwargs: True)  # no lock; "the account is active"
     monkeypatch.setattr(services, "_check_slot_free", check_then_wait)
 
     outcomes = _race(racers, gpus[0], base)
