@@ -388,6 +388,16 @@ SPECTACULAR_SETTINGS = {
 
 REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL)
+# The cache holds the API's and the feeds' rate limits: in Redis, so that every web process counts the same
+# requests (kernel/cache.py; docs/operations.md, "Scaling out"). A Redis that is away is forgiven.
+CACHES = {
+    "default": {
+        "BACKEND": "kernel.cache.ForgivingRedisCache",
+        "LOCATION": envstr("CACHE_URL", REDIS_URL),
+        "KEY_PREFIX": envstr("CACHE_KEY_PREFIX", "gpubook-cache"),
+        "OPTIONS": {"socket_connect_timeout": 2, "socket_timeout": 2},
+    }
+}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_SERIALIZER = "json"

@@ -46,6 +46,18 @@ def fast_password_hashing(settings):
 
 
 @pytest.fixture(autouse=True)
+def fresh_rate_limits():
+    """The rate limits live in the Redis cache (kernel/cache.py), which outlives a test: each test starts
+    with nothing counted. Only the cache's keys go (cache.clear() would empty the whole Redis database)."""
+    from django.conf import settings
+
+    from kernel.redis_client import redis_client
+
+    for key in redis_client().scan_iter(f"{settings.CACHES['default']['KEY_PREFIX']}:*"):
+        redis_client().delete(key)
+
+
+@pytest.fixture(autouse=True)
 def fresh_token_throttle():
     """Failed API tokens are counted per client address in Redis (accounts/throttling.py), which
     outlives a test, and the frozen clock puts many tests in the same minute: each test starts with

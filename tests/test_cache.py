@@ -1,0 +1,34 @@
+"""The cache that holds the rate limits (kernel/cache.py) is Redis, shared by every web process
+(tests/live/test_two_web_processes.py shows that); with Redis away the API still answers, the limits
+failing open, and says so in the log."""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.cache import cache
+
+from tests.api_helpers import client_for
+
+
+def test_with_the_cache_away_the_api_answers_and_logs_it(alice, settings, caplog):
+    settings.CACHES = {
+        "default": {
+            **settings.CACHES["default"],
+            "LOCATION": "redis://127.0.0.1:9/0",  # nothing listens there
+            "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+        }
+    }
+    with caplog.at_level(logging.WARNING, logger="kernel.cache"):
+        answer = client_for(alice).get("/api/v1/gpus/")
+    assert answer.status_code == 200
+    assert "Redis is away" in caplog.text
+
+
+def test_the_rate_counts_live_in_redis_under_the_portals_prefix(alice, settings):
+    from kernel.redis_client import redis_client
+
+    client_for(alice).get("/api/v1/gpus/")
+    prefix = settings.CACHES["default"]["KEY_PREFIX"]
+    assert any(b"throttle_user" in key for key in redis_client().scan_iter(f"{prefix}:*"))
+    assert cache.get("never-set") is None
