@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import sys
 import threading
 import time
@@ -228,7 +229,9 @@ def run_together(workers: Sequence[Callable[[Callable[[], float]], None]]) -> fl
     return time.perf_counter() - released[0]
 
 
-def run_apart(workers: Sequence[Callable[[Callable[[], float]], Any]]) -> tuple[float, list[Any]]:
+def run_apart(
+    workers: Sequence[Callable[[Callable[[], float]], Any]], *, timeout: float = 900
+) -> tuple[float, list[Any]]:
     """As ``run_together``, but each worker in a process of its own (forked), as web workers are: no
     shared interpreter lock between them. Each returns what it did (picklable); returns the seconds from
     the release until the last one finished, and their results in order.
@@ -262,9 +265,15 @@ def run_apart(workers: Sequence[Callable[[Callable[[], float]], Any]]) -> tuple[
     for process in processes:
         process.start()
     results: list[Any] = [None] * len(workers)
-    for _ in workers:
-        index, result = answers.get()
-        results[index] = result
+    try:
+        for _ in workers:
+            index, result = answers.get(timeout=timeout)
+            results[index] = result
+    except queue.Empty:
+        codes = [process.exitcode for process in processes]
+        for process in processes:
+            process.terminate()
+        raise RuntimeError(f"a client process gave no answer in {timeout:g} s (exit codes: {codes})") from None
     for process in processes:
         process.join()
     return time.perf_counter() - released.value, results

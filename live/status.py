@@ -34,6 +34,7 @@ from reservations.fleet import fleet_status, for_viewer, nodes_at_boundaries, re
 logger = logging.getLogger(__name__)
 
 PENDING_KEY = "gpubook:status-pending:{node_id}"
+STATUS_EXPIRES_SECONDS = 600
 
 
 def broadcast_node_status(node_ids: Iterable[int] | None) -> None:
@@ -58,28 +59,35 @@ def broadcast_node_status_soon(node_ids: Iterable[int]) -> None:
 
 def _request_node_status(node_ids: list[int]) -> None:
     delay = settings.LIVE_STATUS_COALESCE_SECONDS
+    marked: list[int] = []
     try:
         client = redis_client()
         # The mark outlives the queued task by a margin, so a lost task cannot hold the node's cards back for long.
-        due = [
-            node_id
-            for node_id in node_ids
-            if client.set(PENDING_KEY.format(node_id=node_id), "1", nx=True, ex=max(int(delay * 10), 10))
-        ]
-        if due:
-            send_node_status.apply_async((due,), countdown=delay, expires=settings.STATUS_REFRESH_SECONDS * 6)
+        for node_id in node_ids:
+            if client.set(PENDING_KEY.format(node_id=node_id), "1", nx=True, ex=max(int(delay * 10), 10)):
+                marked.append(node_id)
+        if marked:
+            # A busy worker still sends them (a worker more than STATUS_EXPIRES_SECONDS behind drops them).
+            send_node_status.apply_async((marked,), countdown=delay, expires=STATUS_EXPIRES_SECONDS)
     except Exception:
         logger.warning("could not queue the status of nodes %s; building it here", node_ids, exc_info=True)
+        _clear_marks(marked)  # no task behind them: the next change must not ride on them
         _send_node_status(node_ids)
+
+
+def _clear_marks(node_ids: list[int]) -> None:
+    if not node_ids:
+        return
+    try:
+        redis_client().delete(*(PENDING_KEY.format(node_id=node_id) for node_id in node_ids))
+    except Exception:  # they expire by themselves
+        logger.warning("could not clear the status marks of nodes %s", node_ids, exc_info=True)
 
 
 @shared_task(name="live.send_node_status", ignore_result=True)
 def send_node_status(node_ids: list[int]) -> None:
     """The worker's side of ``broadcast_node_status_soon``: clear the marks, then read and send."""
-    try:
-        redis_client().delete(*(PENDING_KEY.format(node_id=node_id) for node_id in node_ids))
-    except Exception:  # the marks expire by themselves; the cards go out anyway
-        logger.warning("could not clear the status marks of nodes %s", node_ids, exc_info=True)
+    _clear_marks(node_ids)
     _send_node_status(node_ids)
 
 

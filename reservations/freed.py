@@ -64,5 +64,5 @@ def announced_after() -> Iterator[None]:
         yield
     finally:
         _deferred.reset(token)
-    for freed in waiting:  # not reached when the block raised
-        capacity_freed.send(sender=Reservation, **freed)
+    for freed in waiting:  # not reached when the block raised; inside an outer block, held for its end
+        announce_freed(**freed)

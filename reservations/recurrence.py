@@ -132,9 +132,13 @@ def normalise_rule(text: object) -> str:
     return rule
 
 
-def expand(*, rule: str, zone: ZoneInfo, first_day: date, start_time: time, duration: timedelta) -> list[Occurrence]:
+def expand(
+    *, rule: str, zone: ZoneInfo, first_day: date, start_time: time, duration: timedelta, strict: bool = False
+) -> list[Occurrence]:
     """The occurrences of ``rule`` (normalised) from ``first_day`` at ``start_time`` wall time in ``zone``,
-    each lasting ``duration`` of wall time. Raises InvalidBooking for rules that cannot be booked."""
+    each lasting ``duration`` of wall time. Raises InvalidBooking for rules that cannot be booked; ``strict``
+    (a series being created or edited) also for occurrences that DST shifts make overlap. A rule stored
+    before that check is expanded as it is: its overlapping occurrence is refused when booked."""
     if duration <= timedelta(0):
         raise InvalidBooking("The end must be after the start.", field="end")
     dtstart = datetime.combine(first_day, start_time)
@@ -186,7 +190,7 @@ def expand(*, rule: str, zone: ZoneInfo, first_day: date, start_time: time, dura
                 field="end",
             )
     occurrences = [_occurrence(moment, duration, zone) for moment in local_starts]
-    for earlier, later in pairwise(occurrences):
+    for earlier, later in pairwise(occurrences if strict else ()):
         # Checked again on real time: an end pushed forward by the spring gap can pass the next start.
         if later.start < earlier.end:
             raise InvalidBooking(

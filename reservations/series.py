@@ -170,7 +170,7 @@ def series_create(
     if end <= start or duration <= timedelta(0):
         raise InvalidBooking("The end must be after the start.", field="end")
     first_day, start_time = local_start.date(), local_start.time().replace(tzinfo=None)
-    occurrences = expand(rule=rule, zone=tz, first_day=first_day, start_time=start_time, duration=duration)
+    occurrences = expand(rule=rule, zone=tz, first_day=first_day, start_time=start_time, duration=duration, strict=True)
     purpose = _clean_purpose(purpose)
     gpu_ids = _gpu_ids(gpus)
 
@@ -267,6 +267,7 @@ def series_edit(
         first_day=series.first_day,
         start_time=new_start_time,
         duration=new_duration,
+        strict=True,
     )
     try:
         # What the edit frees is announced (to the waitlist) once it has booked again: its own slots first.
@@ -300,9 +301,9 @@ def series_book_due(*, now: datetime | None = None) -> int:
     for series in Series.objects.select_related("user").filter(user__is_active=True).order_by("pk"):
         if series.ends_before is not None and series.ends_before <= series.first_day:
             continue
-        if all(occurrence.start <= now for occurrence in _expand_series(series)):
-            continue  # over: nothing left to book
-        try:
+        try:  # one series that cannot book (or whose stored rule no longer expands) stops none of the others
+            if all(occurrence.start <= now for occurrence in _expand_series(series)):
+                continue  # over: nothing left to book
             report = series_book_within_reach(series=series, actor=series.user)
         except BookingError:
             continue

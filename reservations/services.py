@@ -505,8 +505,9 @@ def _check_slot_free(
     overlapping = selectors.allocations_overlapping(
         gpus=gpus, start=start, end=end, exclude_reservation_id=reservation.pk if reservation else None
     )
-    if overlapping.exists():
-        raise _conflict(list(overlapping))
+    clashes = list(overlapping) if overlapping.exists() else []
+    if clashes:  # (asked again: one cancelled in between leaves nothing to name, and the constraint guards)
+        raise _conflict(clashes)
 
 
 # How a clash's status reads in a refusal ("... by alice (reservation #12, pending)").

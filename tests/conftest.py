@@ -48,13 +48,14 @@ def fast_password_hashing(settings):
 @pytest.fixture(autouse=True)
 def fresh_rate_limits():
     """The rate limits live in the Redis cache (kernel/cache.py), which outlives a test: each test starts
-    with nothing counted. Only the cache's keys go (cache.clear() would empty the whole Redis database)."""
+    with nothing counted. Only the cache's own keys go: cache.clear() would empty the whole Redis database
+    (the broker's queues with it)."""
     from django.conf import settings
+    from django.core.cache import cache
 
-    from kernel.redis_client import redis_client
-
-    for key in redis_client().scan_iter(f"{settings.CACHES['default']['KEY_PREFIX']}:*"):
-        redis_client().delete(key)
+    client = cache._cache.get_client(None, write=True)
+    for key in client.scan_iter(f"{settings.CACHES['default']['KEY_PREFIX']}:*"):
+        client.delete(key)
 
 
 @pytest.fixture(autouse=True)

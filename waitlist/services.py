@@ -39,7 +39,14 @@ from notifications.hooks import send_after_commit
 from notifications.models import Kind as MailKind
 from notifications.services import notification_enqueue
 from reservations import selectors as booking
-from reservations.exceptions import BookingError, InvalidBooking, InvalidState, LimitExceeded, NotAllowed
+from reservations.exceptions import (
+    BookingBusy,
+    BookingError,
+    InvalidBooking,
+    InvalidState,
+    LimitExceeded,
+    NotAllowed,
+)
 from reservations.limits import effective_limits
 from reservations.models import Reservation
 from reservations.offers import offer_accept, offer_create, offer_fits_limits, offer_withdraw
@@ -404,6 +411,8 @@ def _take(entry: Entry, *, actor: Any, claiming: bool = False) -> Entry:
         offer = locked.reservation
         try:
             booking = offer_accept(reservation=offer, actor=actor)
+        except BookingBusy:
+            raise  # locks held elsewhere for a moment: the offer stays, and settling is tried again (the sweep)
         except BookingError as refused:
             if claiming:
                 raise
@@ -444,7 +453,7 @@ def entries_close_for_inactive_user(user_id: int) -> list[int]:
             entry = (
                 Entry.objects.select_for_update(of=("self",))
                 .select_related("user", "reservation")
-                .filter(pk=pk, status__in=Entry.OPEN_STATUSES)
+                .filter(pk=pk, status__in=Entry.OPEN_STATUSES, user__is_active=False)
                 .first()
             )
             if entry is None:

@@ -17,6 +17,29 @@
     return new Set([...root.querySelectorAll(selector)].map((element) => element.id));
   }
 
+  // What a part shows, without its CSRF tokens: they are masked anew on every render, and a part that only
+  // changed those is left as it is (the focus and whatever a screen reader is reading stay put).
+  function shown(element) {
+    const copy = element.cloneNode(true);
+    copy.querySelectorAll('input[name="csrfmiddlewaretoken"]').forEach((input) => input.remove());
+    return copy.innerHTML;
+  }
+
+  // A selector that finds the focused control again after its part is replaced.
+  function selectorFor(element) {
+    const form = element.closest('form');
+    if (form && form.getAttribute('action')) {
+      return `form[action="${CSS.escape(form.getAttribute('action'))}"] button`;
+    }
+    if (element.id) {
+      return `#${CSS.escape(element.id)}`;
+    }
+    if (element.getAttribute('href')) {
+      return `a[href="${CSS.escape(element.getAttribute('href'))}"]`;
+    }
+    return null;
+  }
+
   function described(element) {
     return (element.querySelector('p') || element).textContent.replace(/\s+/g, ' ').trim();
   }
@@ -39,8 +62,13 @@
       for (const id of parts) {
         const now = document.getElementById(id);
         const next = fresh.getElementById(id);
-        if (now && next && now.innerHTML !== next.innerHTML) {
+        if (now && next && shown(now) !== shown(next)) {
+          const focused = now.contains(document.activeElement) ? selectorFor(document.activeElement) : null;
           now.replaceChildren(...next.childNodes);
+          const again = focused && now.querySelector(focused);
+          if (again) {
+            again.focus();
+          }
         }
       }
       for (const offer of document.querySelectorAll('.offers li')) {
@@ -56,6 +84,7 @@
       if (said.length) {
         news.textContent = said.join(' ');
       }
+      document.body.dataset.waitlistRefreshes = String(Number(document.body.dataset.waitlistRefreshes || 0) + 1);
     } catch (error) {
       // The network went away: the live state shows it, and the next change tries again.
     } finally {

@@ -80,5 +80,14 @@ def test_an_offer_appears_on_the_waitlist_page_without_a_reload(asgi_server, liv
     expect(page.locator("#waitlist-news")).to_contain_text("A slot is on offer to you: live-a100, GPU 0:")
     assert page.evaluate("window.loadedOnce") is True
     screenshot("offer-arrived")
-    offer.get_by_role("button", name="Claim it").click()
+
+    # Someone else's booking refreshes the page, which changes nothing of hers: the button she is on stays.
+    claim = offer.get_by_role("button", name="Claim it")
+    claim.focus()
+    claim.evaluate("button => { button.kept = true; }")  # a property, not markup: gone if the button is replaced
+    refreshes = page.evaluate("Number(document.body.dataset.waitlistRefreshes || 0)")
+    reservation_create(user=admin, gpus=[gpus[1]], start=tomorrow_at(14), end=tomorrow_at(15))
+    page.wait_for_function(f"Number(document.body.dataset.waitlistRefreshes || 0) > {refreshes}")
+    assert page.evaluate("document.activeElement.kept") is True
+    claim.click()
     expect(page.locator(".messages")).to_contain_text("The slot is yours")

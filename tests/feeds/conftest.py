@@ -5,20 +5,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import pytest
 import vobject
-from django.core.cache import cache
 from django.test import Client
 
 from feeds.selectors import feed_links
-
-
-@pytest.fixture(autouse=True)
-def fresh_rate_counters():
-    """The per-URL rate counters live in Django's cache, which outlives a test."""
-    cache.clear()
-    yield
-    cache.clear()
 
 
 def feed_path(user, node=None) -> str:

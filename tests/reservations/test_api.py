@@ -250,11 +250,8 @@ def test_only_json_bodies_are_accepted(alice, gpus):
 
 
 def test_throttling_is_per_token(alice, node, monkeypatch):
-    from django.core.cache import cache
-
     from kernel.throttling import TokenRateThrottle
 
-    cache.clear()
     monkeypatch.setattr(TokenRateThrottle, "rate", "2/minute", raising=False)
     first, second = client_for(alice), client_for(alice)
     assert [first.get("/api/v1/nodes/").status_code for _ in range(2)] == [200, 200]
@@ -262,7 +259,6 @@ def test_throttling_is_per_token(alice, node, monkeypatch):
     assert throttled.status_code == 429
     assert throttled.json()["error"]["code"] == "throttled"
     assert second.get("/api/v1/nodes/").status_code == 200  # another token has its own budget
-    cache.clear()
 
 
 @pytest.mark.parametrize(

@@ -294,3 +294,22 @@ def test_a_series_the_spring_change_would_make_overlap_is_refused_naming_the_day
         )
     assert "03:30 CEST" in refused.value.message and "03:00 CEST" in refused.value.message
     assert not Series.objects.exists()
+
+
+def test_a_stored_rule_that_dst_now_makes_overlap_still_expands_and_books_the_rest(alice, gpus, clock, far):
+    # Stored before the check on real times existed: daily 03:00 for 23:30 in Berlin across the spring change.
+    series = series_create(
+        user=alice,
+        gpus=[gpus[0]],
+        start=local(BERLIN, 2030, 3, 29, 3),
+        end=local(BERLIN, 2030, 3, 29, 4),
+        rule="FREQ=DAILY;COUNT=4",
+        zone="Europe/Berlin",
+    ).series
+    Series.objects.filter(pk=series.pk).update(duration=timedelta(hours=23, minutes=30))
+    Reservation.objects.filter(series=series).delete()
+    series.refresh_from_db()
+
+    series_book_due()  # beat's daily run goes on, for this series and every other one
+
+    assert len(series_occurrences(series)) == 4  # its page shows it
