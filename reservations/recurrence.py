@@ -11,7 +11,7 @@ time) are then made aware in the zone. Where daylight saving time makes a wall t
 - a wall time that happens twice (the hour repeated in autumn) is the first of the two (summer time);
 - an occurrence whose start the gap pushes onto its end keeps its duration (02:30–03:30 becomes 03:30–04:30);
 - a series whose occurrences these shifts make overlap (03:00 daily for 23:30 ends at 02:30, so 03:30 on the
-  night of the spring change, after the next one's 03:00) is refused, naming the days.
+  night of the spring change, after the next one's 03:00) is refused when created or edited, naming the days.
 
 Otherwise the end is the wall time start + duration, so an occurrence spanning the change lasts an hour
 less (spring) or more (autumn) than usual.
