@@ -147,6 +147,19 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 20,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and envint("DB_POOL_MAX_SIZE", 0) > 0:
+    # A pool of connections per process (psycopg_pool; docker-compose turns it on): a request borrows one and
+    # gives it back, instead of opening a PostgreSQL connection (a server process) for each request, and a
+    # process never holds more than DB_POOL_MAX_SIZE however many request threads daphne runs (a request that
+    # finds none free waits up to DB_POOL_TIMEOUT seconds, then fails). Off by default: a process whose
+    # threads each hold a connection for long (the test suite's races) needs one per thread. Pools and
+    # persistent connections exclude each other, so DB_CONN_MAX_AGE is ignored with it.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": envint("DB_POOL_MIN_SIZE", 1),
+        "max_size": envint("DB_POOL_MAX_SIZE", 0),
+        "timeout": envint("DB_POOL_TIMEOUT", 10),
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_USER_MODEL = "accounts.User"
