@@ -45,4 +45,5 @@ COPY deploy/docker-entrypoint /usr/local/bin/docker-entrypoint
 USER portal
 EXPOSE 8000
 ENTRYPOINT ["docker-entrypoint"]
-CMD ["python", "-m", "portal.serve", "-b", "0.0.0.0", "-p", "8000", "portal.asgi:application"]
+# gunicorn with WEB_PROCESSES uvicorn workers on port 8000 (portal/gunicorn_conf.py); scripts/run runs one daphne.
+CMD ["gunicorn", "--config", "python:portal.gunicorn_conf", "portal.asgi:application"]

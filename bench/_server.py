@@ -43,7 +43,9 @@ def daphne_path() -> str:
     return str(beside if beside.exists() else REPO_ROOT / ".venv" / "bin" / "daphne")
 
 
-def start_server(url: str, port: int, log: IO[bytes]) -> subprocess.Popen[bytes]:
+def start_server(url: str, port: int, log: IO[bytes], processes: int = 0) -> subprocess.Popen[bytes]:
+    """daphne (one process, as scripts/run), or with ``processes`` the production server: gunicorn with that
+    many uvicorn workers (portal/gunicorn_conf.py, as the Dockerfile runs it)."""
     env = os.environ | {
         "DATABASE_URL": url,
         "DEBUG": "0",
@@ -52,6 +54,10 @@ def start_server(url: str, port: int, log: IO[bytes]) -> subprocess.Popen[bytes]
         "DJANGO_SETTINGS_MODULE": "portal.settings",
     }
     command = [daphne_path(), "-b", HOST, "-p", str(port), "portal.asgi:application"]
+    if processes:
+        env |= {"WEB_PROCESSES": str(processes), "WEB_BIND": f"{HOST}:{port}"}
+        gunicorn = str(Path(daphne_path()).parent / "gunicorn")
+        command = [gunicorn, "--config", "python:portal.gunicorn_conf", "portal.asgi:application"]
     return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)  # noqa: S603
 
 
@@ -91,16 +97,18 @@ def print_log_tail(log: IO[bytes], lines: int = 30) -> None:
 
 
 @contextmanager
-def serving(url: str, port: int | None = None, log: IO[bytes] | None = None) -> Iterator[tuple[int, IO[bytes]]]:
-    """daphne on ``url``'s database, on ``port`` (a free one if None), up and answering; yields
-    (port, log). The tail of its log is printed if anything inside fails; it is stopped on the way
+def serving(
+    url: str, port: int | None = None, log: IO[bytes] | None = None, processes: int = 0
+) -> Iterator[tuple[int, IO[bytes]]]:
+    """The web server (``start_server``) on ``url``'s database, on ``port`` (a free one if None), up and
+    answering; yields (port, log). The tail of its log is printed if anything inside fails; it is stopped on the way
     out. ``log`` takes the server's output: pass one to read it afterwards, else a temporary file
     is used and closed with the block."""
     with ExitStack() as stack:
         if log is None:
             log = stack.enter_context(tempfile.TemporaryFile())
         port = port or free_port()
-        server = start_server(url, port, log)
+        server = start_server(url, port, log, processes)
         try:
             wait_for_server(server, port)
             yield port, log

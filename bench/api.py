@@ -1,10 +1,11 @@
 """The REST API through the production ASGI server: booking throughput and read latency.
 
 What it measures
-    Everything goes over HTTP to daphne (``portal.asgi:application``), started by this script as
-    a subprocess on 127.0.0.1 with DEBUG=0 and a per-token rate so high that throttling never
-    answers 429. The clients are threads of this process using ``http.client`` with keep-alive,
-    one connection each.
+    Everything goes over HTTP to daphne (``portal.asgi:application``, one process as scripts/run runs it),
+    or with ``--web-processes N`` to the production server (gunicorn with N uvicorn workers, as the
+    Dockerfile runs it), started by this script as a subprocess on 127.0.0.1 with DEBUG=0 and a per-token
+    rate so high that throttling never answers 429. The clients are threads of this process using
+    ``http.client`` with keep-alive, one connection each.
 
     1. Booking: for each client count (default 1 and 16), every client has its own user, API
        token and GPU, and POSTs /api/v1/reservations/ with {"gpus": [its GPU], "start", "end"}
@@ -173,6 +174,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=50, help="timed requests per read URL (default 50)")
     parser.add_argument("--rebuild", action="store_true", help="load the 100,000-reservation data set anew")
     parser.add_argument("--port", type=int, default=0, help="port for the server (default: a free one)")
+    parser.add_argument(
+        "--web-processes",
+        type=int,
+        default=0,
+        help="the production server, gunicorn with this many uvicorn workers (default 0: one daphne, as scripts/run)",
+    )
     args = parser.parse_args(argv)
     args.levels = [int(part) for part in args.clients.split(",") if part.strip()]
     if args.seconds <= 0 or args.requests < 1 or not args.levels:
@@ -410,8 +417,9 @@ def print_table(rows: list[Row]) -> None:
 
 
 def print_context(args: argparse.Namespace, loaded: str) -> None:
+    server = f"gunicorn, {args.web_processes} uvicorn workers" if args.web_processes else "daphne"
     print(
-        f"API benchmark through daphne: booking {args.seconds:g} s per run (1-hour slots, 1 GPU per client), "
+        f"API benchmark through {server}: booking {args.seconds:g} s per run (1-hour slots, 1 GPU per client), "
         f"reads {args.requests} sequential requests per URL over {GPU_COUNT} GPUs and {RESERVATION_COUNT:,} "
         f"reservations; PostgreSQL {postgres_version()}, {os.cpu_count()} CPUs"
     )
@@ -439,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_context(args, loaded)
 
     with tempfile.TemporaryFile() as log:
-        with serving(url, args.port, log) as (port, _log):
+        with serving(url, args.port, log, args.web_processes) as (port, _log):
             rows = run_benchmarks(args, port, reader_token)
         print()
         for row in rows:

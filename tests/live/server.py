@@ -1,6 +1,6 @@
-"""The portal's real ASGI server (daphne through portal/serve.py, as scripts/run starts it) in a
-subprocess, on the test database, for the websocket and live-page tests; and a small synchronous
-websocket client."""
+"""The portal's real ASGI server in a subprocess, on the test database, for the websocket and live-page tests:
+daphne through portal/serve.py, as scripts/run starts it, or gunicorn with uvicorn workers, as the Dockerfile
+and docker-compose do (ProductionServer); and a small synchronous websocket client."""
 
 from __future__ import annotations
 
@@ -54,19 +54,26 @@ class AsgiServer:
             **self.environment,
         }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        # The web process as the Procfile runs it: daphne through portal/serve.py.
-        command = [sys.executable, "-m", "portal.serve", "-b", "127.0.0.1", "-p", str(self.port)]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(  # noqa: S603  (fixed arguments)
-                [*command, "portal.asgi:application"],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                self.command(), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
             )
         if not wait_for(self._answers, timeout=30, interval=0.1):
             self.stop()
-            raise RuntimeError(f"daphne did not start:\n{self.log()}")
+            raise RuntimeError(f"the web server did not start:\n{self.log()}")
+
+    def command(self) -> list[str]:
+        """The web process as the Procfile (scripts/run) runs it: daphne through portal/serve.py."""
+        return [
+            sys.executable,
+            "-m",
+            "portal.serve",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "portal.asgi:application",
+        ]
 
     def _answers(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
@@ -79,6 +86,19 @@ class AsgiServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
+
+
+class ProductionServer(AsgiServer):
+    """The web server as the Dockerfile and docker-compose run it: gunicorn with ``processes`` uvicorn workers
+    on one port (portal/gunicorn_conf.py)."""
+
+    def __init__(self, processes: int = 2, **environment: str) -> None:
+        super().__init__(WEB_PROCESSES=str(processes), **environment)
+        self.environment["WEB_BIND"] = f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        gunicorn = str(Path(sys.executable).parent / "gunicorn")
+        return [gunicorn, "--config", "python:portal.gunicorn_conf", "portal.asgi:application"]
 
 
 class LiveClient:
