@@ -20,7 +20,8 @@ def render_templated(template: str, context: dict[str, Any]) -> tuple[str, str, 
     context = {"portal_url": settings.PORTAL_URL.rstrip("/"), "site_name": settings.SITE_NAME, **context}
     subject = " ".join(render_to_string(f"emails/{template}.subject.txt", context).split())
     text = render_to_string(f"emails/{template}.txt", context)
-    html = render_to_string(f"emails/{template}.html", context)
+    # The HTML part's title and first heading are the subject: a screen reader announces what the mail is first.
+    html = render_to_string(f"emails/{template}.html", {**context, "subject": subject})
     return subject, text, html
 
 

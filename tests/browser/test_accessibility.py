@@ -1,9 +1,10 @@
 """axe-core's WCAG 2.1 A and AA rules on the portal's pages, for a researcher and an admin, in the states people
-see (issue 24; tests/browser/accessibility.py): the status page with GPUs free, in use, drained, under maintenance
-and offline and an open alert; bookings, waitlist, profile with tokens and feeds, reports with data, approvals,
-fair share, a booking's page, the login form. A failure names each rule and element.
+see (issue 24; tests/browser/accessibility.py): the status page with GPUs free, in use, under maintenance and offline
+(a drained GPU of an offline node shows offline) and an open alert; bookings, waitlist, profile with tokens and
+feeds, reports with data, a booking's page, and for admins approvals, fair share and the waitlist queue; the login
+form; a mail's HTML part. A failure names each rule and element.
 
-The calendar is not here yet: its library's grid markup (roles without rows) is what issue 24 fixes next."""
+The calendar is not here yet: its library's grid markup (table roles without rows) is what issue 24 fixes next."""
 
 from __future__ import annotations
 
@@ -15,11 +16,15 @@ from django.utils import timezone
 from alerts.models import Alert
 from alerts.records import Subject, alert_open
 from nodes.services import gpu_drain
+from notifications.models import Notification
+from notifications.services import notification_deliver
 from reservations.models import MaintenanceWindow
+from reservations.services import reservation_create
 from tests.browser.accessibility import axe_violations, described
-from tests.browser.helpers import open_page, save_screenshot
+from tests.browser.helpers import open_page, save_screenshot, tomorrow_at
 from tests.factories import book, node_with_gpus
 from tests.live.server import heartbeat, post_agent, telemetry
+from tests.mailserver import html_of
 
 
 @pytest.fixture
@@ -60,4 +65,14 @@ def test_every_page_meets_wcag_2_1_aa(asgi_server, lab_in_every_state, page, who
 
 def test_the_login_form_meets_wcag_2_1_aa(asgi_server, page):
     page.goto(f"{asgi_server.url}/accounts/login/")
+    assert not (violations := axe_violations(page)), described(violations)
+
+
+def test_a_mails_html_part_meets_wcag_2_1_aa(live_lab, smtp_server, page):
+    researcher, gpu = live_lab["researcher"], live_lab["gpus"][0]
+    reservation_create(user=researcher, gpus=[gpu], start=tomorrow_at(10), end=tomorrow_at(12))
+    for note in Notification.objects.filter(reservation__user=researcher):
+        notification_deliver(note.pk)  # what the worker does once the booking commits
+    [mail] = smtp_server.wait_for(1)
+    page.set_content(html_of(mail))
     assert not (violations := axe_violations(page)), described(violations)

@@ -4,6 +4,7 @@ change, sent at least once, never twice at once) are in test_outbox.py."""
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 
@@ -264,3 +265,21 @@ def test_the_mail_page_refuses_a_forged_post(alice):
     page.force_login(alice)
     assert page.post("/profile/mail/", {"decisions": "on"}).status_code == 403
     assert not MailPreferences.objects.filter(user=alice, booking_received=False).exists()
+
+
+def test_the_html_part_reads_in_order_to_a_screen_reader(
+    eager_tasks, smtp_server, django_capture_on_commit_callbacks, alice, gpus
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        book(alice, gpus[:1], at(1), at(3), purpose="fine-tuning")
+    [mail] = smtp_server.wait_for(1)
+    html = html_of(mail)
+    subject = subject_of(mail)
+    assert '<html lang="en">' in html
+    assert f"<title>{subject}</title>" in html
+    # The subject is the one heading, before the text; the booking's facts are a table of labelled rows.
+    assert html.count("<h1") == 1 and f">{subject}</h1>" in html
+    assert html.index("</h1>") < html.index("Hello alice")
+    rows = re.findall(r'<th scope="row"[^>]*>([^<]+)</th>', html)
+    assert rows == ["Booking", "Node", "GPUs", "When", "Purpose"]
+    assert 'role="presentation"' not in html
