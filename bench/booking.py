@@ -202,16 +202,15 @@ def run_clients(
     ``prepare`` opens the client's connection (before the clock starts), ``book`` makes one
     booking with it, ``finish`` closes it.
     """
+    results = [ClientResult() for _ in lanes]
+    workers = [
+        partial(_client, lane, result, seconds, prepare, book, finish)
+        for lane, result in zip(lanes, results, strict=True)
+    ]
     if threads:
-        results = [ClientResult() for _ in lanes]
-        workers = [
-            partial(_client, lane, result, seconds, prepare, book, finish)
-            for lane, result in zip(lanes, results, strict=True)
-        ]
-        elapsed = run_together(workers)
+        elapsed = run_together(workers)  # the threads fill ``results`` in place
     else:
-        workers = [partial(_client, lane, ClientResult(), seconds, prepare, book, finish) for lane in lanes]
-        elapsed, answers = run_apart(workers)
+        elapsed, answers = run_apart(workers)  # each process sends back its own copy
         results = [
             answer if isinstance(answer, ClientResult) else ClientResult(errors=[str(answer)]) for answer in answers
         ]

@@ -91,15 +91,9 @@ def notification_enqueue(
     return len(rows)
 
 
-def booking_changed(reservation: Reservation | int, verb: str) -> int:
+def booking_changed(reservation: Reservation, verb: str) -> int:
     """The mails a booking change calls for, written in the change's transaction: who gets what is
-    decided from the booking as the change left it (the one in hand, or read by id). Returns how many rows
-    were asked for."""
-    if not isinstance(reservation, Reservation):
-        found = Reservation.objects.select_related("user").filter(pk=reservation).first()
-        if found is None:
-            return 0
-        reservation = found
+    decided from the booking as the change left it. Returns how many rows were asked for."""
     owner, status = reservation.user, reservation.status
     # What the templates may ask of the change: ``change`` (the verb), ``extension_approved``.
     context = {"change": verb, "extension_approved": verb == "extension_approved"}

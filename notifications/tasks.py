@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from notifications import services
+from reservations.models import Reservation
 
 
 @shared_task(name="notifications.send_outbox", ignore_result=True)
@@ -24,5 +25,7 @@ def send_due() -> dict[str, int]:
 def booking_changed(reservation_id: int, verb: str) -> dict[str, int]:
     """Messages queued before the outbox existed (an upgrade with a queue not yet empty): write the
     change's mails now and send them. Nothing queues this task any more."""
-    services.booking_changed(reservation_id, verb)
+    reservation = Reservation.objects.select_related("user").filter(pk=reservation_id).first()
+    if reservation is not None:
+        services.booking_changed(reservation, verb)
     return services.outbox_drain(reservation_id=reservation_id)

@@ -431,7 +431,7 @@ def _pass_on(entry: Entry, refused: BookingError | None = None) -> None:
     offer, now = entry.reservation, timezone.now()
     if not entry.user.is_active:
         _close(entry, Status.LEFT)
-    elif entry.latest_end - entry.duration < floor_to_grid(now):
+    elif _window_passed(entry, now):
         _close(entry, Status.EXPIRED)
     else:
         entry.status, entry.reservation, entry.claim_by = Status.WAITING, None, None
@@ -467,6 +467,11 @@ def _withdraw(offer: Reservation, *, actor: Any, reason: str) -> None:
     """Pass an offer on; the caller holds its entry's lock, so nobody takes it meanwhile."""
     with contextlib.suppress(InvalidState):  # already cancelled (its node's bookings ended, say)
         offer_withdraw(reservation=offer, actor=actor, reason=reason)
+
+
+def _window_passed(entry: Entry, now: datetime) -> bool:
+    """Its window can no longer hold its duration from now (on the grid): the entry expires."""
+    return entry.latest_end - entry.duration < floor_to_grid(now)
 
 
 def _close(entry: Entry, status: str) -> None:
@@ -533,8 +538,7 @@ def waitlist_sweep(now: datetime | None = None) -> Sweep:
         if settled is not None:
             sweep.settled.append(pk)
     for entry in Entry.objects.filter(status=Status.WAITING).only("pk", "latest_end", "duration"):
-        too_late = entry.latest_end - entry.duration < floor_to_grid(now)
-        if too_late and Entry.objects.filter(pk=entry.pk, status=Status.WAITING).update(
+        if _window_passed(entry, now) and Entry.objects.filter(pk=entry.pk, status=Status.WAITING).update(
             status=Status.EXPIRED, ended_at=now
         ):
             sweep.expired.append(entry.pk)
