@@ -147,6 +147,32 @@ def test_in_the_evening_the_day_view_shows_now_at_a_third_and_the_night_after(as
     page.context.close()
 
 
+@pytest.mark.parametrize("zone", ["UTC", "Etc/GMT-0", "Europe/London"])
+def test_in_a_zone_at_utc_the_calendar_shows_that_zone_s_today_and_now_not_the_browser_s(
+    asgi_server, alice, gpus, browser, zone
+):
+    """EventCalendar 5.10.1 took an offset of zero for "the browser's own" when it read the clock, so at
+    UTC+00:00 the now line and "today" followed the browser (here New York, five hours behind). The
+    vendored bundle is patched (static/vendor/README.md); this fails without the patch."""
+    if local_now(zone).utcoffset():
+        pytest.skip(f"{zone} is not at UTC+00:00 today")
+    alice.timezone = zone
+    alice.save()
+    now = local_now(zone)
+    page = open_calendar(browser, asgi_server, alice, DESKTOP)
+    expect(page.locator("#calendar-zone")).to_contain_text("UTC+00:00")
+    expect(first_day(page)).to_have_attribute("datetime", f"{now:%Y-%m-%d}")
+    expect(page.locator(".ec-now-indicator")).to_be_visible()
+    page.wait_for_timeout(200)
+    grid = layout(page)
+    assert_now_at_a_third(grid)
+    texts = [label["text"] for label in grid["labels"]]
+    hour = texts.index(f"{now.hour:02d}:00")  # the hour labels count from the zone's midnight
+    this_hour, next_hour = grid["labels"][hour], grid["labels"][hour + 1]
+    assert this_hour["left"] <= grid["now"] < next_hour["left"], f"the now line is not in {texts[hour]}'s hour: {grid}"
+    page.context.close()
+
+
 def test_on_a_phone_gpu_rows_are_short_with_the_full_name_on_focus_and_the_grid_says_it_scrolls(
     asgi_server, evening, browser
 ):
