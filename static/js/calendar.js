@@ -44,6 +44,17 @@
  * the rest of its name kept for screen readers, on hover (title) and, for the keyboard (or a tap),
  * shown under the label while it has the focus. Shadows at the grid's edges show there are hours to either side,
  * and on a phone a line says so until the grid has been scrolled once.
+ *
+ * Accessibility. EventCalendar marks its grid role="table" but puts row headers, buttons and events
+ * straight into it and one role="row" around every cell of every row: no table a screen reader can
+ * walk, and axe-core's critical aria-required-children/-parent. plainGrid() takes those roles off
+ * after every redraw (a MutationObserver), so the grid reads as what it is: the days, the rows'
+ * names in order (nodes, their GPUs), and each booking a button whose name starts with what it shows
+ * and goes on with the whole booking in words (describeBooking: "GPU 2 · A100 on gpu-a100, alice,
+ * Thu, Dec 3, 10:00 to 12:00, approved"). The equivalent of cells is the slot cursor
+ * (static/js/slot_cursor.js): the grid's keyboard path, which says what lies under it and books or
+ * opens it with Enter. The dialogs are modal, keep Tab inside (keepFocusIn) and give the focus back
+ * to what opened them. Others' changes are said politely once drawn (loaded), never telemetry.
  */
 'use strict';
 
@@ -114,10 +125,13 @@
 
   const formatWall = (wall) => `${formatDay(wall)}, ${wall.slice(11, 16)}`;
 
-  function formatPeriod(startWall, endWall) {
+  function formatPeriod(startWall, endWall, between = ' – ') {
     const sameDay = startWall.slice(0, 10) === endWall.slice(0, 10);
-    return `${formatWall(startWall)} – ${sameDay ? endWall.slice(11, 16) : formatWall(endWall)}`;
+    return `${formatWall(startWall)}${between}${sameDay ? endWall.slice(11, 16) : formatWall(endWall)}`;
   }
+
+  /** A period as it is read out: "Thu, Dec 3, 10:00 to 12:00" (a dash is read as "dash", or not at all). */
+  const spokenPeriod = (startWall, endWall) => formatPeriod(startWall, endWall, ' to ');
 
   function formatDuration(ms) {
     const minutes = Math.round(ms / 60000);
@@ -175,8 +189,10 @@
   // --- messages --------------------------------------------------------------------------------
 
   let statusTimer;
+  let announcedAt = 0;  // when the page last said what the person's own action did
 
   function announce(text) {
+    announcedAt = Date.now();
     statusEl.textContent = text;
     clearTimeout(statusTimer);
     statusTimer = setTimeout(() => { statusEl.textContent = ''; }, 15000);
@@ -419,11 +435,12 @@
       if (span <= DAY_VIEW_DAYS * DAY_MS) {  // the day view has room for the start, like its events
         block.prepend(element('span', 'block-time', booking.startWall.slice(11, 16)), ' ');
       }
+      // Its name is what it shows and then the rest (WCAG 2.5.3: a name that holds the visible text).
+      block.append(element('span', 'visually-hidden', `: ${describeBooking(booking)}`));
       block.style.cssText = `left:${left * 100}%;width:${(right - left) * 100}%`;
       block.setAttribute('role', 'button');
       block.tabIndex = 0;
       block.dataset.reservationId = ext.reservation;
-      block.setAttribute('aria-label', describeBooking(booking));
       box.append(block);
     }
   }
@@ -446,7 +463,7 @@
   calendarEl.addEventListener('mouseover', (jsEvent) => {
     const block = blockAt(jsEvent.target);
     if (block && !block.title) {
-      block.title = block.getAttribute('aria-label');
+      block.title = describeBooking(blockBookings.get(Number(block.dataset.reservationId)));
     }
   });
 
@@ -457,20 +474,20 @@
     return el;
   }
 
-  function describeBooking(booking) {
+  const STATUS_WORDS = {pending: 'pending approval', offered: 'offered from the waitlist'};
+
+  /** Who holds a booking, when and how: "alice, Thu, Dec 3, 10:00 to 12:00, approved". */
+  function describeHolding(booking) {
     const ext = booking.ext;
-    const parts = [
-      ext.mine ? 'your booking' : `booked by ${booking.title}`,
-      `${nodeOf(booking)} ${gpuIdsOf(booking).map(gpuLabel).join(', ')}`,
-      formatPeriod(booking.startWall, booking.endWall),
-    ];
-    if (ext.status === 'pending') {
-      parts.push('pending approval');
-    } else if (ext.status === 'offered') {
-      parts.push('offered from the waitlist');
-    }
-    return parts.join(', ');
+    return [
+      ext.mine ? `${booking.title} (you)` : booking.title,
+      spokenPeriod(booking.startWall, booking.endWall),
+      STATUS_WORDS[ext.status] ?? 'approved',
+    ].join(', ');
   }
+
+  /** A booking in words: "GPU 2 · A100 80 GB on gpu-a100, alice, Thu, Dec 3, 10:00 to 12:00, approved". */
+  const describeBooking = (booking) => `${gpuIdsOf(booking).map(gpuLabel).join(', ')} on ${nodeOf(booking)}, ${describeHolding(booking)}`;
 
   function renderEvent({event, timeText, view}) {
     const ext = event.extendedProps;
@@ -498,7 +515,7 @@
     }
     const note = {pending: ' (pending)', offered: ' (offered)'}[ext.status] || '';
     nodes.push(element('span', 'ec-event-title', event.title + note));
-    nodes.push(element('span', 'sr-only', `: ${describeBooking(bookingOf(event))}`));
+    nodes.push(element('span', 'visually-hidden', `: ${describeBooking(bookingOf(event))}`));
     return {domNodes: nodes};
   }
 
@@ -684,12 +701,30 @@
     el.append(' ', link);
   }
 
+  /** Tab and Shift+Tab go round inside an open dialog, never out of it to the browser's own controls. */
+  function keepFocusIn(dialog) {
+    dialog.addEventListener('keydown', (jsEvent) => {
+      if (jsEvent.key !== 'Tab') {
+        return;
+      }
+      const stops = [...dialog.querySelectorAll('a[href], button, input, select, textarea, [tabindex]')]
+        .filter((el) => !el.disabled && el.tabIndex >= 0 && el.getClientRects().length);
+      const at = stops.indexOf(document.activeElement);
+      const edge = jsEvent.shiftKey ? 0 : stops.length - 1;
+      if (stops.length && (at === edge || at < 0)) {
+        jsEvent.preventDefault();
+        stops[stops.length - 1 - edge].focus();
+      }
+    });
+  }
+
   booking.dialog.addEventListener('close', () => {
     calendar.unselect();
     bookingOpener?.focus?.();
   });
 
   $('booking-close').addEventListener('click', () => booking.dialog.close());
+  keepFocusIn(booking.dialog);
 
   $('new-booking').addEventListener('click', () => {
     const start = floorToGrid(Date.now());
@@ -821,6 +856,7 @@
     act('extend', {end: instantOf(held.end.value)}, extended);
   });
   $('reservation-close').addEventListener('click', () => held.dialog.close());
+  keepFocusIn(held.dialog);
   held.dialog.addEventListener('close', () => {
     if (heldOpener?.isConnected) {
       heldOpener.focus();
@@ -857,6 +893,7 @@
     const short = `GPU ${ext.index}`;
     const label = element('span', 'row-label', '');
     label.title = title;
+    label.dataset.row = resource.id;  // the slot cursor finds a row by it (slot_cursor.js)
     if (ext.kind !== 'gpu' || !title.startsWith(short)) {
       label.textContent = title;
       return label;
@@ -987,6 +1024,7 @@
       return;
     }
     followRowTip();
+    slotCursor.follow();
     if (!hintEl.hidden && placedLeft !== null && Math.abs(jsEvent.target.scrollLeft - placedLeft) > 24) {
       hideHint();
     }
@@ -1006,6 +1044,69 @@
     requestAnimationFrame(placeView);
   }
 
+  // --- the keyboard path (static/js/slot_cursor.js) --------------------------------------------
+
+  /** What lies on a GPU's row between two instants: a booking (which opens), maintenance or a reserved window. */
+  function whatLiesAt(rowId, from, to) {
+    const on = (event) => event.resourceIds.includes(rowId) || event.resourceIds.includes(nodeRowOf.get(rowId));
+    const overlaps = (start, end) => start < to && end > from;
+    const opener = $('slot-cursor');
+    for (const event of calendar.getEvents()) {
+      const ext = event.extendedProps;
+      // A reserved window on a node's row keeps some of its GPUs, not this one: only one on this row counts.
+      const here = ext.kind === 'reserved' ? event.resourceIds.includes(rowId) : on(event);
+      if (!['reservation', 'maintenance', 'reserved'].includes(ext.kind) || !here
+          || !overlaps(msOf(wallOf(event.start)), msOf(wallOf(event.end)))) {
+        continue;
+      }
+      if (ext.kind === 'reservation') {
+        const held = bookingOf(event);
+        return {text: `booked by ${describeHolding(held)}`, open: () => openReservation(held, opener)};
+      }
+      if (ext.kind === 'maintenance') {
+        return {text: `maintenance: ${event.title}`, open: () => announce(`Maintenance: ${event.title}.`)};
+      }
+      if (!ext.member) {
+        return {text: `${event.title}, only its members book here`, open: () => announce(`${event.title}: only its members book here.`)};
+      }
+    }
+    for (const held of blockBookings.values()) {
+      if (held.resourceIds.includes(rowId) && overlaps(held.startMs, held.endMs)) {
+        return {text: `booked by ${describeHolding(held)}`, open: () => openReservation(held, opener)};
+      }
+    }
+    return null;
+  }
+
+  /** The booking dialog for the cursor's slot (from now on, when its hour has begun), or why not. */
+  function bookFromCursor(rowId, from, to) {
+    const gpu = gpus.get(Number(rowId.slice(4)));
+    const start = Math.max(from, floorToGrid(Date.now()));
+    if (!gpu?.bookable) {
+      return 'This GPU cannot be booked now.';
+    }
+    if (start >= to) {
+      return 'Past time cannot be booked: start a booking now or later.';
+    }
+    openBooking({node: gpu.node, gpu: gpu.gpu, startWall: wallAt(start), endWall: wallAt(to)});
+    return null;
+  }
+
+  const slotCursor = window.GpuSlotCursor.attach({
+    calendarEl, frameEl, cursorEl: $('slot-cursor'),
+    range: () => visibleRange(),
+    row: (id) => {
+      const gpu = gpus.get(Number(id.slice(4)));
+      return {label: gpu?.title ?? id, node: gpu?.node ?? '', bookable: Boolean(gpu?.bookable)};
+    },
+    at: whatLiesAt,
+    period: (from, to) => spokenPeriod(wallAt(from), wallAt(to)),
+    dayStart: (ms) => msOf(`${wallAt(ms).slice(0, 10)}T00:00`),
+    now: () => Date.now(),
+    book: bookFromCursor,
+    showDay: (ms) => calendar.setOption('date', wallAt(ms).slice(0, 10)),
+  });
+
   // --- the calendar ----------------------------------------------------------------------------
 
   function savedView() {
@@ -1016,6 +1117,26 @@
       return VIEWS[0];
     }
   }
+
+  // --- the grid for assistive technology (see "Accessibility") ----------------------------------
+
+  const TABLE_PARTS = '[role="table"], [role="rowgroup"], [role="row"], [role="cell"], [role="columnheader"], [role="rowheader"]';
+
+  /** EventCalendar's table roles taken off (they describe no table: see "Accessibility"). */
+  function plainGrid(records) {
+    if (records && records.every((record) => record.target.closest?.('.run-blocks'))) {
+      return;  // only blocks were added (a crowded range's rows coming near): no table parts among them
+    }
+    for (const el of calendarEl.querySelectorAll(TABLE_PARTS)) {
+      el.removeAttribute('role');
+      el.removeAttribute('aria-colindex');
+    }
+    for (const aside of calendarEl.querySelectorAll('aside.ec-sidebar:not([role])')) {
+      aside.setAttribute('role', 'none');  // not a landmark: the row labels' column
+    }
+    calendarEl.querySelector('nav.ec-toolbar:not([aria-label])')?.setAttribute('aria-label', 'Calendar days');
+  }
+  new MutationObserver(plainGrid).observe(calendarEl, {childList: true, subtree: true, attributes: true, attributeFilter: ['role']});
 
   const nowWall = wallAt(Date.now());
   const grid = {minutes: config.grid_minutes};
@@ -1075,10 +1196,18 @@
     resourceExpand: ({resource}) => {
       resource.expanded ? collapsedNodes.delete(resource.id) : collapsedNodes.add(resource.id);
     },
-    loading: (busy) => calendarEl.setAttribute('aria-busy', String(busy)),
+    loading: (busy) => {
+      calendarEl.setAttribute('aria-busy', String(busy));
+      if (!busy) {
+        loaded();
+      }
+    },
     datesSet: (info) => {
       placedLeft = null;  // EventCalendar's own scroll to the new range is not the person's
-      requestAnimationFrame(placeView);  // once EventCalendar has drawn the new range and scrolled it
+      requestAnimationFrame(() => {  // once EventCalendar has drawn the new range and scrolled it
+        placeView();
+        slotCursor.reveal();
+      });
       try {
         localStorage.setItem(VIEW_KEY, info.view.type);
       } catch {
@@ -1107,6 +1236,19 @@
   };
   let liveTimer = null;
   let missed = false;
+  let changedOn = null;  // the nodes whose bookings changed since the last load (a Set), or null
+
+  /** A load finished: the cursor says what lies under it now, and others' changes are said politely
+   * (not the person's own, which announce() has just said), once per load. */
+  function loaded() {
+    slotCursor.refresh();
+    if (changedOn && Date.now() - announcedAt > 5000) {
+      const nodes = [...changedOn].filter(Boolean).sort();
+      $('calendar-news').textContent = nodes.length
+        ? `Bookings changed on ${nodes.join(', ')}; the calendar shows them.` : 'Bookings changed; the calendar shows them.';
+    }
+    changedOn = null;
+  }
 
   function reloadSoon() {
     clearTimeout(liveTimer);
@@ -1140,6 +1282,7 @@
       }
       const [from, to] = visibleRange();
       if (!message.start || !message.end || (Date.parse(message.start) < to && Date.parse(message.end) > from)) {
+        (changedOn ??= new Set()).add(message.node ?? '');
         reloadSoon();
       }
     },

@@ -101,10 +101,49 @@
       nodes = new Map();
     }
     for (const node of message.nodes) {
+      if (!message.full) noteChanges(nodes.get(node.name), node);
       nodes.set(node.name, node);
       remember(node);
     }
     render(message.full ? null : message.nodes.map((node) => node.name));
+  }
+
+  // --- news for screen readers ------------------------------------------------------------------
+  // What changed in words, said politely: a GPU's state and holder, a node going offline or coming
+  // back, an alert opening or resolving. Readings (every few seconds) are never said; the cards are
+  // aria-live="off". Changes arriving together are said together, once.
+
+  const newsEl = document.getElementById('status-news');
+  let news = [];
+  let newsTimer = null;
+
+  function say(text) {
+    news.push(text);
+    clearTimeout(newsTimer);
+    newsTimer = setTimeout(() => {
+      newsEl.textContent = news.join(' ');
+      news = [];
+    }, 1000);
+  }
+
+  const holderOf = (gpu) => (gpu.current ? `, held by ${gpu.current.user}` : '');
+
+  function noteChanges(before, after) {
+    if (!before) {
+      say(`Node ${after.name} added.`);
+      return;
+    }
+    if (before.online !== after.online) {
+      say(after.online ? `Node ${after.name} is back online.` : `Node ${after.name} went offline.`);
+      return;
+    }
+    const was = new Map(before.gpus.map((gpu) => [gpu.id, gpu]));
+    for (const gpu of after.gpus) {
+      const old = was.get(gpu.id);
+      if (old && (old.state !== gpu.state || old.current?.user !== gpu.current?.user)) {
+        say(`${after.name} GPU ${gpu.index}: ${STATE_LABELS[gpu.state] ?? gpu.state}${holderOf(gpu)}.`);
+      }
+    }
   }
 
   // --- drawing ---------------------------------------------------------------------------------
@@ -359,9 +398,12 @@
   function applyAlerts(message) {
     if (message.full) openAlerts.clear();
     for (const alert of message.alerts) {
+      const where = `${alert.node ?? 'the portal'}${known(alert.gpu) ? ` GPU ${alert.gpu}` : ''}`;
       if (alert.open) {
+        if (!message.full && !openAlerts.has(alert.id)) say(`Alert: ${alert.label}, ${where}.`);
         openAlerts.set(alert.id, alert);
       } else {
+        if (openAlerts.has(alert.id)) say(`Resolved: ${alert.label}, ${where}.`);
         openAlerts.delete(alert.id);
       }
     }

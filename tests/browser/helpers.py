@@ -131,11 +131,16 @@ def slot_x(page: Page, label: str) -> float:
     return slot.bounding_box()["x"]
 
 
+def row_head(page: Page, name: str):
+    """The row labels (in the grid's first column) whose text matches ``name``, a regular expression.
+    EventCalendar's table roles are taken off (calendar.js, "Accessibility"), so rows are found by their text."""
+    return page.locator(".ec-sidebar .ec-row-head").filter(has=page.locator(".row-label", has_text=re.compile(name)))
+
+
 def row_y(page: Page, gpu_index: int, row: str | None = None) -> float:
     """The middle of a GPU's row: the first whose header starts "GPU <index> ·", or the one whose header
     matches ``row`` (a regular expression: a MIG slice's row, say "^GPU 0 · 3g\\.40gb$")."""
-    head = page.get_by_role("rowheader", name=re.compile(row or rf"^GPU {gpu_index} ·")).first
-    box = head.bounding_box()
+    box = row_head(page, row or rf"^GPU {gpu_index} ·").first.bounding_box()
     return box["y"] + box["height"] / 2
 
 

@@ -4,7 +4,8 @@ see (issue 24; tests/browser/accessibility.py): the status page with GPUs free, 
 feeds, reports with data, a booking's page, and for admins approvals, fair share and the waitlist queue; the login
 form; a mail's HTML part. A failure names each rule and element.
 
-The calendar is not here yet: its library's grid markup (table roles without rows) is what issue 24 fixes next."""
+The calendar, its keyboard path and its dialogs are checked in test_calendar_accessibility.py; the dark scheme in
+test_dark_mode.py."""
 
 from __future__ import annotations
 
