@@ -158,6 +158,8 @@ class Row:
             return "cancelled", "cancelled"
         if r.status == Status.REJECTED:
             return "rejected", "rejected"
+        if r.status == Status.OFFERED:
+            return "offered", "offered, not taken" if self.phase == "past" else "offered from the waitlist"
         if r.status == Status.PENDING:
             if self.phase == "past":
                 return "pending", "never approved"
@@ -191,12 +193,10 @@ def reservation_rows(
 def my_reservations(request: AuthenticatedHttpRequest) -> HttpResponse:
     now = timezone.now()
     mine = selectors.reservation_list(user=request.user).filter(user=request.user)
-    current = reservation_rows(
-        mine.filter(status__in=Reservation.LIVE_STATUSES, end__gt=now), now=now, viewer=request.user
-    )
-    past = mine.filter(end__gt=now - timedelta(days=PAST_DAYS)).exclude(
-        status__in=Reservation.LIVE_STATUSES, end__gt=now
-    )
+    # A slot offered from the waitlist is held for its person until taken or passed on: it is ahead, not done.
+    held = (*Reservation.LIVE_STATUSES, Status.OFFERED)
+    current = reservation_rows(mine.filter(status__in=held, end__gt=now), now=now, viewer=request.user)
+    past = mine.filter(end__gt=now - timedelta(days=PAST_DAYS)).exclude(status__in=held, end__gt=now)
     running = [row for row in current if row.phase == "running"]
     upcoming = [row for row in current if row.phase == "upcoming"]
     groups = [

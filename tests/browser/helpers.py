@@ -106,6 +106,21 @@ def tomorrow_at(hour: int) -> datetime:
     return datetime.combine(day, time(hour), tzinfo=UTC)
 
 
+def open_calendar(browser, server, user, *, init_script: str | None = None, **context_args) -> Page:
+    """The calendar on ``server`` (tests/live/server.py's AsgiServer) for ``user``, in a browser context of its own
+    (``context_args``: viewport, timezone_id, color_scheme...; a 1280 × 800 window unless told), drawn, its
+    bookings loaded and its live connection up. ``init_script`` runs in the page before its own scripts."""
+    context = browser.new_context(**({"viewport": {"width": 1280, "height": 800}} | context_args))
+    if init_script:
+        context.add_init_script(init_script)
+    give_session(context, server, user)
+    page = context.new_page()
+    page.goto(f"{server.url}/")
+    expect(page.locator("#calendar")).to_have_attribute("aria-busy", "false")
+    expect(page.locator("#live-state")).to_have_text("Live")
+    return page
+
+
 def first_day(page: Page):
     """The date of the first day the calendar shows, as its column header says ("2030-01-07")."""
     return page.locator(".ec-header .ec-col-head time").first

@@ -9,55 +9,37 @@ test_dark_mode.py."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
-from django.utils import timezone
 
-from alerts.models import Alert
-from alerts.records import Subject, alert_open
-from nodes.services import gpu_drain
 from notifications.models import Notification
 from notifications.services import notification_deliver
-from reservations.models import MaintenanceWindow
 from reservations.services import reservation_create
-from tests.browser.accessibility import axe_violations, described
+from tests.browser.accessibility import assert_dark, axe_violations, described
 from tests.browser.helpers import open_page, save_screenshot, tomorrow_at
-from tests.factories import book, node_with_gpus
-from tests.live.server import heartbeat, post_agent, telemetry
 from tests.mailserver import html_of
-
-
-@pytest.fixture
-def lab_in_every_state(asgi_server, live_lab):
-    now = timezone.now()
-    researcher, gpus = live_lab["researcher"], live_lab["gpus"]
-    running = book(researcher, [gpus[0]], now - timedelta(minutes=30), now + timedelta(hours=2), direct=True)
-    book(researcher, [gpus[1]], now + timedelta(days=1), now + timedelta(days=1, hours=2), purpose="thesis")
-    post_agent(asgi_server, live_lab, "heartbeat", heartbeat()).raise_for_status()
-    post_agent(asgi_server, live_lab, "telemetry", telemetry(utilization=35)).raise_for_status()
-    silent = node_with_gpus(3, name="silent-h100")  # never reported: offline
-    drained, kept, _ = silent.gpus.order_by("index")
-    gpu_drain(gpu=drained, reason="fan failure")
-    hour = timedelta(hours=1)
-    MaintenanceWindow.objects.create(node=silent, gpu=kept, start=now - hour, end=now + hour, reason="new PSU")
-    alert_open(subject=Subject(Alert.Kind.TEMPERATURE, live_lab["node"].pk, gpus[0].pk), now=now, details={})
-    return {**live_lab, "running": running}
-
 
 PAGES = ["/status/", "/reservations/mine/", "/waitlist/", "/profile/", "/reports/", "/reservations/{running}/"]
 ADMIN_PAGES = ["/reservations/pending/", "/fairshare/", "/waitlist/queue/"]
 
 
+def shot_name(who: str, scheme: str, path: str) -> str:
+    page = "booking" if path.startswith("/reservations/{") else path.strip("/").replace("/", "-")
+    return f"accessibility-{scheme}-{who}-{page}"
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
 @pytest.mark.parametrize("who", ["researcher", "admin"])
-def test_every_page_meets_wcag_2_1_aa(asgi_server, lab_in_every_state, page, who):
+def test_every_page_meets_wcag_2_1_aa(asgi_server, lab_in_every_state, page, who, scheme):
+    page.emulate_media(color_scheme=scheme)
     found = []
     for path in PAGES + (ADMIN_PAGES if who == "admin" else []):
         open_page(page, asgi_server, lab_in_every_state[who], path.format(running=lab_in_every_state["running"].pk))
         page.wait_for_load_state("networkidle")
         if path == "/status/":
             page.locator('.state-badge[data-role="state"]', has_text="Free").first.wait_for()
-            save_screenshot(page, f"accessibility-status-{who}")
+        save_screenshot(page, shot_name(who, scheme, path))
+        if scheme == "dark":
+            assert_dark(page)
         violations = axe_violations(page)
         if violations:
             found.append(f"{path}:\n{described(violations)}")

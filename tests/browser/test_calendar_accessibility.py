@@ -20,7 +20,7 @@ from playwright.sync_api import Page, expect
 from reservations.models import MaintenanceWindow, Reservation, ReservedCapacity
 from reservations.services import reservation_create
 from tests.browser.accessibility import axe_violations, described
-from tests.browser.helpers import give_session, open_tomorrow, save_screenshot, tomorrow_at
+from tests.browser.helpers import give_session, open_calendar, open_tomorrow, save_screenshot, tomorrow_at
 from tests.factories import book, node_with_gpus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,17 +54,6 @@ def lab(live_lab):
     vision = Group.objects.create(name="vision")
     ReservedCapacity.objects.create(group=vision, node=h100, count=2, start=tomorrow_at(14), end=tomorrow_at(18))
     return {**live_lab, "h100": h100}
-
-
-def open_calendar(browser, server, user, **context_args) -> Page:
-    context = browser.new_context(**({"viewport": {"width": 1280, "height": 800}} | context_args))
-    context.add_init_script(COUNT_POINTER_EVENTS)
-    give_session(context, server, user)
-    page = context.new_page()
-    page.goto(f"{server.url}/")
-    expect(page.locator("#calendar")).to_have_attribute("aria-busy", "false")
-    expect(page.locator("#live-state")).to_have_text("Live")
-    return page
 
 
 def assert_no_violations(page: Page, where: str, found: list[str]) -> None:
@@ -128,7 +117,7 @@ def tab_to(page: Page, element_id: str, limit: int = 40) -> None:
 
 def test_a_researcher_books_extends_and_cancels_with_the_keyboard_alone(asgi_server, live_lab, browser):
     rita, gpus = live_lab["researcher"], live_lab["gpus"]
-    page = open_calendar(browser, asgi_server, rita)
+    page = open_calendar(browser, asgi_server, rita, init_script=COUNT_POINTER_EVENTS)
     cursor = page.locator("#slot-cursor")
 
     # From the page's own button, Tab reaches the grid's cursor, which says where it is.
@@ -255,7 +244,7 @@ def test_the_cursor_says_why_a_slot_cannot_be_booked_and_opens_what_lies_there(a
 
 def test_others_changes_are_said_politely_once_shown(asgi_server, live_lab, browser):
     rita, adam, gpus = live_lab["researcher"], live_lab["admin"], live_lab["gpus"]
-    page = open_calendar(browser, asgi_server, rita)
+    page = open_calendar(browser, asgi_server, rita, init_script=COUNT_POINTER_EVENTS)
     open_tomorrow(page)
     news = page.locator("#calendar-news")
     expect(news).to_have_attribute("aria-live", "polite")

@@ -17,7 +17,8 @@ import pytest
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
-from tests.browser.helpers import first_day, give_session, save_screenshot
+from tests.browser import helpers
+from tests.browser.helpers import first_day, save_screenshot
 from tests.factories import node_with_gpus
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,13 +50,7 @@ def evening(alice, gpus):
 
 def open_calendar(browser, server, user, viewport: dict) -> Page:
     # A browser in another zone than alice's reading one: the calendar follows her setting.
-    context = browser.new_context(viewport=viewport, timezone_id="America/New_York")
-    give_session(context, server, user)
-    page = context.new_page()
-    page.goto(f"{server.url}/")
-    expect(page.locator("#calendar")).to_have_attribute("aria-busy", "false")
-    expect(page.locator("#live-state")).to_have_text("Live")
-    return page
+    return helpers.open_calendar(browser, server, user, viewport=viewport, timezone_id="America/New_York")
 
 
 def layout(page: Page) -> dict:

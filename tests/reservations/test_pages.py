@@ -9,6 +9,7 @@ from django.test import Client
 from django.urls import reverse
 
 from reservations.models import Reservation
+from reservations.offers import offer_create
 from reservations.services import reservation_cancel, reservation_create, reservation_reject
 from tests.api_helpers import client_for
 from tests.conftest import MONDAY_9, at
@@ -307,6 +308,25 @@ def test_my_reservations_are_grouped_running_upcoming_past(alice, bob, carol, gp
     assert act(upcoming, "cancel") in html and act(upcoming, "release") not in html
     assert act(cancelled, "cancel") not in html and act(cancelled, "extend") not in html
     assert act(finished, "extend") not in html
+
+
+def test_a_slot_offered_from_the_waitlist_is_ahead_with_a_link_to_claim_it_not_among_the_finished(alice, gpus, clock):
+    clock.move_to(MONDAY_9)
+    offer = offer_create(user=alice, gpus=gpus[:1], start=at(3), end=at(5), now=MONDAY_9)
+    clock.move_to(MONDAY_9 - timedelta(days=1))
+    lapsed = offer_create(user=alice, gpus=gpus[1:2], start=at(1, days=-1), end=at(2, days=-1), now=MONDAY_9 - timedelta(days=1))
+    clock.move_to(MONDAY_9)
+
+    response = logged_in(alice).get(MINE)
+    groups = {group["id"]: [row.reservation.pk for row in group["rows"]] for group in response.context["groups"]}
+    assert groups == {"running": [], "upcoming": [offer.pk], "past": [lapsed.pk]}
+    html = response.content.decode()
+    assert "offered from the waitlist</span>" in html
+    assert f'<a href="{reverse("waitlist")}">claim or decline it on your waitlist</a>' in html
+    assert "Offered from the waitlist, not taken before its end." in html
+    assert "Ran to its end." not in html
+    assert act(offer, "cancel") not in html and act(offer, "extend") not in html  # claimed on the waitlist page
+    assert "ssh alice@" not in html  # not hers until taken
 
 
 def test_the_node_instructions_name_host_uuids_and_indices(alice, gpus):
