@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from alerts.models import Alert
 from alerts.records import Subject, alert_open
+from nodes.models import Gpu
 from nodes.services import gpu_drain
 from reservations.models import MaintenanceWindow, ReservedCapacity
 from reservations.services import reservation_cancel, reservation_create
@@ -55,9 +56,9 @@ def screenshot(page, request):
 
 @pytest.fixture
 def lab_in_every_state(asgi_server, live_lab):
-    """GPUs free, in use, drained and offline, under maintenance, an open alert and, tomorrow, someone else's booking,
-    a pending one, a slot offered from the waitlist and one waited for, maintenance and reserved capacity: every
-    state the lists and pages draw."""
+    """GPUs free, in use, drained (on a node that reports, and on one that is offline), under maintenance, an
+    open alert and, tomorrow, someone else's booking, a pending one, a slot offered from the waitlist and one waited
+    for, maintenance and reserved capacity: every state the lists and pages draw."""
     now = timezone.now()
     researcher, admin, gpus = live_lab["researcher"], live_lab["admin"], live_lab["gpus"]
     running = book(researcher, [gpus[0]], now - timedelta(minutes=30), now + timedelta(hours=2), direct=True)
@@ -87,6 +88,14 @@ def lab_in_every_state(asgi_server, live_lab):
 
     post_agent(asgi_server, live_lab, "heartbeat", heartbeat()).raise_for_status()
     post_agent(asgi_server, live_lab, "telemetry", telemetry(utilization=35)).raise_for_status()
+    spare = Gpu.objects.create(node=live_lab["node"], index=2, uuid="GPU-live-2", model="NVIDIA A100", memory_mib=81920)
+    gpu_drain(gpu=spare, reason="ECC errors")  # on a node that reports: shown as drained
+    serviced = Gpu.objects.create(
+        node=live_lab["node"], index=3, uuid="GPU-live-3", model="NVIDIA A100", memory_mib=81920
+    )
+    MaintenanceWindow.objects.create(
+        node=live_lab["node"], gpu=serviced, start=now - timedelta(hours=1), end=now + timedelta(hours=1), reason="fans"
+    )
     silent = node_with_gpus(3, name="silent-h100")  # never reported: offline
     drained, kept, _ = silent.gpus.order_by("index")
     gpu_drain(gpu=drained, reason="fan failure")

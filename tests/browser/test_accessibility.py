@@ -36,7 +36,8 @@ def test_every_page_meets_wcag_2_1_aa(asgi_server, lab_in_every_state, page, who
         open_page(page, asgi_server, lab_in_every_state[who], path.format(running=lab_in_every_state["running"].pk))
         page.wait_for_load_state("networkidle")
         if path == "/status/":
-            page.locator('.state-badge[data-role="state"]', has_text="Free").first.wait_for()
+            for state in ("Free", "In use", "Drained", "Maintenance", "Offline"):
+                page.locator('.state-badge[data-role="state"]', has_text=state).first.wait_for()
         save_screenshot(page, shot_name(who, scheme, path))
         if scheme == "dark":
             assert_dark(page)
