@@ -102,7 +102,8 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         reservation = services.reservation_create(
             user=request.user, gpus=gpus, start=data["start"], end=data["end"], purpose=data["purpose"]
         )
-        return self._respond(reservation, status.HTTP_201_CREATED)
+        made = selectors.booking_as_made(reservation)
+        return Response(self.get_serializer(made).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
         summary="Cancel (before the start; admins any time)",

@@ -6,11 +6,13 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from reservations import selectors
 from reservations.models import Limit, Reservation
+from reservations.serializers import ReservationSerializer
 from reservations.services import reservation_create
 from tests.api_helpers import api, client_for  # noqa: F401 - fixture
 from tests.conftest import at
-from tests.factories import UserFactory, book
+from tests.factories import UserFactory, book, carve_mig, node_with_gpus
 
 pytestmark = pytest.mark.usefixtures("clock")
 URL = "/api/v1/reservations/"
@@ -29,6 +31,34 @@ def test_booking_by_gpu_ids(alice, gpus):
     assert (body["user"], body["node"], body["status"], body["purpose"]) == ("alice", "gpu-a100", "approved", "train")
     assert [g["index"] for g in body["gpus"]] == [0, 1]
     assert body["start"] == "2030-01-07T10:00:00Z"
+
+
+@pytest.mark.parametrize("kind", ["cards", "pending", "mig card"])
+def test_a_new_bookings_201_says_what_reading_it_back_says(alice, gpus, kind):
+    """The 201 is built from the booking in hand (selectors.booking_as_made), not read again."""
+    if kind == "pending":
+        chosen = [node_with_gpus(1, name="gpu-approve", requires_approval=True).gpus.get()]
+    elif kind == "mig card":
+        carve_mig(gpus[2])
+        chosen = [gpus[2]]  # booked as all its slices
+    else:
+        chosen = gpus[:2]
+    client = client_for(alice)
+    made = client.post(URL, {"gpus": [gpu.pk for gpu in chosen], "start": iso(1), "end": iso(3)}, format="json")
+    assert made.status_code == 201, made.json()
+    assert made.json() == client.get(f"{URL}{made.json()['id']}/").json()
+
+
+def test_a_booking_as_made_is_ready_to_answer_with_one_query(alice, gpus, rf, django_assert_num_queries):
+    reservation = reservation_create(user=alice, gpus=gpus[:2], start=at(1), end=at(3))
+    request = rf.get(URL)
+    request.user = alice
+    with django_assert_num_queries(1):  # its allocations with their GPUs; reservation_list's read costs four
+        made = selectors.booking_as_made(reservation)
+    with django_assert_num_queries(0):
+        answer = ReservationSerializer(made, context={"request": request}).data
+    read_back = selectors.reservation_list(user=alice).get(pk=reservation.pk)
+    assert answer == ReservationSerializer(read_back, context={"request": request}).data
 
 
 def test_booking_by_node_and_count_picks_free_gpus(alice, bob, gpus):

@@ -314,7 +314,9 @@ def test_a_slot_offered_from_the_waitlist_is_ahead_with_a_link_to_claim_it_not_a
     clock.move_to(MONDAY_9)
     offer = offer_create(user=alice, gpus=gpus[:1], start=at(3), end=at(5), now=MONDAY_9)
     clock.move_to(MONDAY_9 - timedelta(days=1))
-    lapsed = offer_create(user=alice, gpus=gpus[1:2], start=at(1, days=-1), end=at(2, days=-1), now=MONDAY_9 - timedelta(days=1))
+    lapsed = offer_create(
+        user=alice, gpus=gpus[1:2], start=at(1, days=-1), end=at(2, days=-1), now=MONDAY_9 - timedelta(days=1)
+    )
     clock.move_to(MONDAY_9)
 
     response = logged_in(alice).get(MINE)
