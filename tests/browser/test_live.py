@@ -5,7 +5,6 @@ without a reload."""
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 
 from django.utils import timezone
@@ -78,7 +77,7 @@ def test_the_calendar_shows_another_persons_booking_and_its_cancellation_without
     page.evaluate("window.loadedOnce = true")  # gone if the page reloaded
 
     booking = reservation_create(user=admin, gpus=[gpus[1]], start=tomorrow_at(10), end=tomorrow_at(12))
-    expect(block(page, booking)).to_have_text(re.compile(r"^10:00 adam: "))
+    expect(block(page, booking)).to_have_text("10:00 adam")
     screenshot("booked-elsewhere")
 
     reservation_cancel(reservation=booking, actor=admin)
