@@ -2,7 +2,7 @@
 
 Each occurrence is a Reservation (own allocations, approval, mails, release) that points at its Series and
 names its local day (``series_day``). Booking goes through the same steps as one booking
-(reservations/services.py: ``_require_may_book``, ``_lock_booker``, ``_check_booking``, ``_create_booking``):
+(reservations/services.py: ``_require_may_book``, ``_lock_booker_and_load``, ``_check_booking``, ``_create_booking``):
 the whole series is checked in one transaction, under the user's lock and then the GPUs' (the usual order),
 so a racing single booking either committed first and is seen, or waits and then finds the series' slots taken.
 
@@ -49,7 +49,7 @@ from reservations.services import (
     _gpu_ids,
     _load_gpus,
     _lock,
-    _lock_booker,
+    _lock_booker_and_load,
     _lock_booking_rows,
     _require_aware,
     _require_may_book,
@@ -175,8 +175,7 @@ def series_create(
     gpu_ids = _gpu_ids(gpus)
 
     with _booking_transaction():
-        _lock_booker(user, gpu_ids)
-        units = _load_gpus(gpu_ids)
+        units = _lock_booker_and_load(user, gpu_ids)
         node = _bookable_node(units)
         limits = effective_limits(user)
         now = timezone.now()
@@ -462,8 +461,7 @@ def _rebook(
     report = SeriesReport(series=series, preview=preview, mode=mode)
     with _booking_transaction():
         gpu_ids = sorted(series.gpus.values_list("pk", flat=True))
-        _lock_booker(user, gpu_ids)
-        units = _load_gpus(gpu_ids)
+        units = _lock_booker_and_load(user, gpu_ids)
         node = _bookable_node(units)
         limits = effective_limits(user)
         now = timezone.now()

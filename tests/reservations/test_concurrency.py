@@ -17,6 +17,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from nodes.models import Gpu
 from reservations import services
 from reservations.exceptions import SlotConflict
 from reservations.models import Allocation, Reservation
@@ -79,7 +80,11 @@ def test_control_without_the_lock_the_race_is_real_and_the_constraint_holds(race
         real_check(**kwargs)
         passed_check.wait()
 
-    monkeypatch.setattr(services, "_lock_booking_rows", lambda **kwargs: True)  # no lock; "the account is active"
+    def cards_unlocked(gpu_ids, *, load=False):
+        return list(Gpu.objects.select_related("node").filter(pk__in=gpu_ids).order_by("pk")) if load else []
+
+    monkeypatch.setattr(services, "_lock_user", lambda user_id: True)  # no lock; "the account is active"
+    monkeypatch.setattr(services, "_lock_cards", cards_unlocked)
     monkeypatch.setattr(services, "_check_slot_free", check_then_wait)
 
     outcomes = _race(racers, gpus[0], base)
