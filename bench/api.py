@@ -33,6 +33,7 @@ How to run it
 
         DATABASE_URL=postgres://portal:portal@127.0.0.1:5432/portal_bench_api .venv/bin/python bench/api.py
         ... bench/api.py --seconds 10 --clients 1,16 --requests 50 --rebuild
+        ... bench/api.py --clients 4,16 --repeat 5      # five booking runs each, and their spread
 
     The database is created if it is missing and migrated. The bench data stays behind after the
     run, so the next run skips the load. The server's log goes to a temporary file: its tail is
@@ -54,6 +55,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.* and the portal
@@ -172,6 +174,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each booking run (default 10)")
     parser.add_argument("--clients", default="1,16", help="comma-separated booking concurrency (default 1,16)")
     parser.add_argument("--requests", type=int, default=50, help="timed requests per read URL (default 50)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="booking runs per client count (default 1); with more, their spread is printed: on a shared "
+        "2-core machine one run's p99 can be half or twice the next one's",
+    )
     parser.add_argument("--rebuild", action="store_true", help="load the 100,000-reservation data set anew")
     parser.add_argument("--port", type=int, default=0, help="port for the server (default: a free one)")
     parser.add_argument(
@@ -182,8 +191,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.levels = [int(part) for part in args.clients.split(",") if part.strip()]
-    if args.seconds <= 0 or args.requests < 1 or not args.levels:
-        parser.error("--seconds and --requests must be positive and --clients not empty")
+    if args.seconds <= 0 or args.requests < 1 or args.repeat < 1 or not args.levels:
+        parser.error("--seconds, --requests and --repeat must be positive and --clients not empty")
     if min(args.levels) < 1 or max(args.levels) > MAX_CLIENTS:
         parser.error(f"each client count must be between 1 and {MAX_CLIENTS}")
     return args
@@ -416,6 +425,25 @@ def print_table(rows: list[Row]) -> None:
         print(" | ".join([first.ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(rest, widths[1:], strict=True))]))
 
 
+def print_spread(rows: list[Row]) -> None:
+    """For each client count booked more than once: the lowest, median and highest rate and p99 of its runs."""
+    runs: dict[int, list[Row]] = {}
+    for row in rows:
+        if row.request.startswith("POST"):
+            runs.setdefault(row.clients, []).append(row)
+    repeated = {clients: group for clients, group in runs.items() if len(group) > 1}
+    if not repeated:
+        return
+    print("\nbooking runs, lowest / median / highest:")
+    for clients, group in repeated.items():
+        rates = sorted(row.rate for row in group)
+        p99s = sorted(row.percentile_ms(99) for row in group)
+        print(
+            f"  {clients:>2} clients, {len(group)} runs: {rates[0]:.1f} / {median(rates):.1f} / {rates[-1]:.1f} per s, "
+            f"p99 {p99s[0]:.0f} / {median(p99s):.0f} / {p99s[-1]:.0f} ms"
+        )
+
+
 def print_context(args: argparse.Namespace, loaded: str) -> None:
     server = f"gunicorn, {args.web_processes} uvicorn workers" if args.web_processes else "daphne"
     print(
@@ -432,8 +460,9 @@ def print_context(args: argparse.Namespace, loaded: str) -> None:
 def run_benchmarks(args: argparse.Namespace, port: int, reader_token: str) -> list[Row]:
     rows = [read_run(port, reader_token, path, args.requests) for path in READ_URLS]
     for clients in args.levels:
-        lanes = create_booking_lanes(clients)
-        rows.append(booking_run(port, lanes, args.seconds))
+        for _ in range(args.repeat):
+            lanes = create_booking_lanes(clients)
+            rows.append(booking_run(port, lanes, args.seconds))
     return rows
 
 
@@ -455,6 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if any(status.startswith("5") for row in rows for status in row.statuses):
             print_server_exceptions(log, MAX_ERRORS_SHOWN)
     print_table(rows)
+    print_spread(rows)
     return 0
 
 
