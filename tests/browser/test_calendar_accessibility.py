@@ -14,14 +14,19 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Group
 from django.utils import timezone
 from playwright.sync_api import Page, expect
 
+from alerts.models import Alert
+from alerts.records import Subject, alert_open
+from nodes.services import gpu_drain
 from reservations.models import MaintenanceWindow, Reservation, ReservedCapacity
 from reservations.services import reservation_create
 from tests.browser.accessibility import axe_violations, described
 from tests.browser.helpers import give_session, open_calendar, open_tomorrow, save_screenshot, tomorrow_at
 from tests.factories import book, node_with_gpus
+from tests.live.server import heartbeat, post_agent, telemetry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,8 +54,6 @@ def lab(live_lab):
     MaintenanceWindow.objects.create(
         node=h100, gpu=h100_gpus[1], start=tomorrow_at(6), end=tomorrow_at(9), reason="new PSU"
     )
-    from django.contrib.auth.models import Group
-
     vision = Group.objects.create(name="vision")
     ReservedCapacity.objects.create(group=vision, node=h100, count=2, start=tomorrow_at(14), end=tomorrow_at(18))
     return {**live_lab, "h100": h100}
@@ -243,7 +246,7 @@ def test_the_cursor_says_why_a_slot_cannot_be_booked_and_opens_what_lies_there(a
 
 def test_others_changes_are_said_politely_once_shown(asgi_server, live_lab, browser):
     rita, adam, gpus = live_lab["researcher"], live_lab["admin"], live_lab["gpus"]
-    page = open_calendar(browser, asgi_server, rita, init_script=COUNT_POINTER_EVENTS)
+    page = open_calendar(browser, asgi_server, rita)
     open_tomorrow(page)
     news = page.locator("#calendar-news")
     expect(news).to_have_attribute("aria-live", "polite")
@@ -276,11 +279,6 @@ def test_screenshots_of_the_calendar_and_status_page_at_each_size(asgi_server, l
 
 
 def test_the_status_page_says_changes_of_state_politely_and_never_readings(asgi_server, live_lab, browser):
-    from alerts.models import Alert
-    from alerts.records import Subject, alert_open
-    from nodes.services import gpu_drain
-    from tests.live.server import heartbeat, post_agent, telemetry
-
     post_agent(asgi_server, live_lab, "heartbeat", heartbeat()).raise_for_status()
     context = browser.new_context()
     give_session(context, asgi_server, live_lab["admin"])
