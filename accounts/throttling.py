@@ -25,7 +25,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import redis
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from axes.handlers.proxy import AxesProxyHandler
 from axes.helpers import get_client_username, get_cool_off
 from django.conf import settings
@@ -141,25 +140,19 @@ def lockout_response(request: HttpRequest, original_response: Any = None, creden
 class LoginLockoutMiddleware:
     """Answers a login that axes refused or locked (``request.axes_locked_out``) with
     ``lockout_response``. In place of axes' own AxesMiddleware, whose async path (the one daphne takes)
-    hands the lockout callable the credentials where the response belongs in axes 8.3."""
+    hands the lockout callable the credentials where the response belongs in axes 8.3.
 
-    sync_capable = True
-    async_capable = True
+    Synchronous only, like every middleware of the portal: under ASGI a chain of synchronous middleware
+    runs in one worker thread, where one async-capable middleware at its foot made each request go back
+    to the event loop and into a thread again twice (MessageMiddleware's hooks, then the view): about a
+    tenth of an agent report's time on the web process (bench/live.py)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
 
     def __call__(self, request: HttpRequest) -> Any:
-        if iscoroutinefunction(self):
-            return self._acall(request)
         response = self.get_response(request)
         return lockout_response(request, response) if _locked_out(request) else response
-
-    async def _acall(self, request: HttpRequest) -> HttpResponse:
-        response = await self.get_response(request)
-        return await sync_to_async(lockout_response)(request, response) if _locked_out(request) else response
 
 
 def _locked_out(request: HttpRequest) -> bool:

@@ -35,6 +35,7 @@ from django.utils import timezone
 from alerts.jobs import job_states
 from alerts.models import Alert, AlertStreak
 from alerts.records import Subject, alert_open, alerts_resolve
+from nodes.ingest import TelemetryReport
 from nodes.models import AgentState, Gpu, GpuTelemetry, Node, NodeEvent
 from reservations.models import Reservation
 
@@ -78,6 +79,21 @@ RESOLVED_BY_READING: dict[str, str] = {
     Kind.VIOLATION: "no process of that user on the GPU any more",
     Kind.LEFTOVER: "no process of that user on the GPU any more",
 }
+
+
+def alerts_evaluate_reports(reports: Sequence[TelemetryReport]) -> None:
+    """Telemetry reports, oldest first, against their nodes' streaks. A report with no bad reading, of
+    a node with no streak, can change nothing: one query finds the nodes with streaks, and only
+    their reports and those with a bad reading are looked at one by one."""
+    watched = set(
+        AlertStreak.objects.filter(node__in={report.node for report in reports})
+        .values_list("node_id", flat=True)
+        .distinct()
+    )
+    for report in reports:
+        if report.node.pk in watched or any(_too_hot(r) or _ecc(r) for r in report.readings):
+            alerts_evaluate_readings(node=report.node, readings=report.readings, now=report.now)
+            watched.add(report.node.pk)
 
 
 def alerts_evaluate_readings(*, node: Node, readings: Sequence[GpuTelemetry], now: datetime) -> None:

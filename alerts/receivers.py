@@ -16,7 +16,7 @@ from django.utils import timezone
 from accounts.signals import unix_username_changed, user_deactivated
 from alerts.conditions import (
     alerts_check_jobs_if_due,
-    alerts_evaluate_readings,
+    alerts_evaluate_reports,
     alerts_from_events,
     alerts_gpu_returned,
     alerts_node_online,
@@ -25,7 +25,8 @@ from alerts.conditions import (
 from alerts.models import Alert
 from alerts.records import alerts_resolve
 from alerts.slices import alerts_slices_gone
-from nodes.models import Gpu, GpuTelemetry, Node, NodeEvent
+from nodes.ingest import TelemetryReport
+from nodes.models import Gpu, Node, NodeEvent
 from nodes.signals import (
     gpu_returned,
     mig_slices_gone,
@@ -63,8 +64,8 @@ def check_jobs_on_heartbeat(sender: type, now: datetime, **kwargs: Any) -> None:
 
 
 @receiver(telemetry_received.in_transaction)
-def readings_reported(sender: type, node: Node, readings: list[GpuTelemetry], now: datetime, **kwargs: Any) -> None:
-    alerts_evaluate_readings(node=node, readings=readings, now=now)
+def readings_reported(sender: type, reports: list[TelemetryReport], **kwargs: Any) -> None:
+    alerts_evaluate_reports(reports)
 
 
 @receiver(node_events_recorded.in_transaction)

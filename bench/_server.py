@@ -145,14 +145,22 @@ class Client:
         the answer's body."""
         body = json.dumps(payload).encode() if isinstance(payload, dict) else payload
         headers = self.headers | ({"Content-Type": "application/json"} if body is not None else {})
-        try:
-            self.conn.request(method, path, body=body, headers=headers)
-            response = self.conn.getresponse()
-            return response.status, response.read()
-        except (OSError, http.client.HTTPException):
-            self.conn.close()
-            self.conn = http.client.HTTPConnection(HOST, self.port, timeout=REQUEST_TIMEOUT)
-            raise
+        for attempt in (1, 2):
+            try:
+                self.conn.request(method, path, body=body, headers=headers)
+                response = self.conn.getresponse()
+                return response.status, response.read()
+            except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+                # The server closed an idle keep-alive connection (uvicorn does after 5 s): once more, on a new one.
+                self.conn.close()
+                self.conn = http.client.HTTPConnection(HOST, self.port, timeout=REQUEST_TIMEOUT)
+                if attempt == 2:
+                    raise
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = http.client.HTTPConnection(HOST, self.port, timeout=REQUEST_TIMEOUT)
+                raise
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         self.conn.close()

@@ -32,16 +32,19 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.* and the portal
 
+from bench import cpu
 from bench._server import HOST, Client, serving
-from bench.benchdb import create_lab, open_database, percentile_ms
+from bench.benchdb import REPO_ROOT, create_lab, open_database, percentile_ms
 from gpubook_agent import protocol
 
 NODES = 8
@@ -57,6 +60,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reports", type=int, default=40, help="reports timed for fan-out (default 40)")
     parser.add_argument("--interval", type=float, default=0.6, help="seconds between timed reports (default 0.6)")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each ingest run (default 10)")
+    parser.add_argument(
+        "--ingest",
+        choices=("queue", "inline"),
+        default="queue",
+        help="TELEMETRY_INGEST: queued for an ingest process (default, as production) or stored by the web process",
+    )
+    parser.add_argument(
+        "--web-processes", type=int, default=0, help="gunicorn with this many uvicorn workers (default: one daphne)"
+    )
     return parser.parse_args(argv)
 
 
@@ -200,6 +212,31 @@ async def fan_out(clients: Clients, agents: list[Agent], args: argparse.Namespac
 
 
 def ingest(agents: list[Agent], seconds: float) -> tuple[int, list[float], float]:
+    """Every agent posts back to back for ``seconds``, and (queued) the ingest process stores the last of
+    them; (reports, latencies, elapsed until all were stored). The CPU split of the run is printed."""
+    before = cpu.snapshot()
+    reports, latencies, posting = post_for(agents, seconds)
+    drained = wait_until_stored()
+    elapsed = posting + drained
+    cpu.print_split(cpu.since(before), elapsed)
+    if drained > 0.05:
+        print(f"   (the last reports were stored {drained:.2f} s after the last POST)")
+    return reports, latencies, elapsed
+
+
+def wait_until_stored() -> float:
+    """Seconds until the telemetry queue is empty (0 when the web process stores reports itself)."""
+    from nodes.telemetry_queue import telemetry_backlog
+
+    started = time.perf_counter()
+    while os.environ["TELEMETRY_INGEST"] == "queue" and telemetry_backlog():
+        if time.perf_counter() - started > 120:
+            raise RuntimeError(f"{telemetry_backlog()} reports still queued after 120 s: is the ingest process up?")
+        time.sleep(0.01)
+    return time.perf_counter() - started
+
+
+def post_for(agents: list[Agent], seconds: float) -> tuple[int, list[float], float]:
     """Every agent posts back to back for ``seconds``; (reports, latencies, elapsed)."""
     latencies: list[float] = []
     lock = threading.Lock()
@@ -224,7 +261,7 @@ def ingest(agents: list[Agent], seconds: float) -> tuple[int, list[float], float
 def print_ingest(label: str, reports: int, latencies: list[float], elapsed: float, received: int | None) -> None:
     samples = reports * GPUS_PER_NODE
     line = (
-        f"   {label:<24} {samples / elapsed:7.0f} GPU samples/s ({reports / elapsed:5.0f} reports/s)"
+        f"   {label:<24} {samples / elapsed:7.0f} GPU samples/s stored ({reports / elapsed:5.0f} reports/s)"
         f"   POST p50 {percentile_ms(latencies, 50):6.1f} ms  p99 {percentile_ms(latencies, 99):6.1f} ms"
     )
     if received is not None:
@@ -255,12 +292,36 @@ async def main_async(args: argparse.Namespace, port: int, fleet: list[tuple[str,
     await clients.close()
 
 
+@contextmanager
+def ingest_process(url: str, kind: str) -> Iterator[None]:
+    """``manage.py consume_telemetry`` on ``url``'s database while the block runs (queued ingest only)."""
+    if kind != "queue":
+        yield
+        return
+    env = os.environ | {"DATABASE_URL": url, "DEBUG": "0", "DJANGO_SETTINGS_MODULE": "portal.settings"}
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "consume_telemetry"], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL
+    )
+    try:
+        yield
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    os.environ["TELEMETRY_INGEST"] = args.ingest
     url = open_database("bench/live.py", "portal_bench_live")
     fleet, token = create_fleet()
-    print(f"lab: {NODES} nodes x {GPUS_PER_NODE} GPUs; one daphne process; {os.cpu_count()} CPUs")
-    with serving(url) as (port, _log):
+    from kernel.redis_client import redis_client
+    from nodes.telemetry_queue import STREAM
+
+    redis_client().delete(STREAM)  # an earlier run's leftovers are not this run's work
+    web = f"gunicorn with {args.web_processes} uvicorn workers" if args.web_processes else "one daphne process"
+    ingesting = "queued for one ingest process" if args.ingest == "queue" else "stored by the web process"
+    print(f"lab: {NODES} nodes x {GPUS_PER_NODE} GPUs; {web}; telemetry {ingesting}; {os.cpu_count()} CPUs")
+    with serving(url, processes=args.web_processes) as (port, _log), ingest_process(url, args.ingest):
         asyncio.run(main_async(args, port, fleet, token))
 
 

@@ -6,19 +6,29 @@ rate. A Redis that is away must not turn every request into a 500 either, so a f
 empty cache would (nothing remembered: the limits fail open until Redis is back, as the rest of the portal
 carries on without Redis), and the cache leaves Redis alone for ``PAUSE_SECONDS``: a Redis that does not
 answer would otherwise add its timeout to every request, and a traceback to the log for each.
+
+Django makes a cache object per thread and, under ASGI, per request, and each would open its own pool
+of connections to Redis: a new connection (and a pause that nobody else sees) per API request. Every
+cache object of a process shares one client, with its pool and its pause, instead.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
-from django.core.cache.backends.redis import RedisCache
+from django.core.cache.backends.redis import RedisCache, RedisCacheClient
 from redis.exceptions import RedisError
 
 logger = logging.getLogger(__name__)
+
+_clients: dict[str, RedisCacheClient] = {}
+_paused_until: dict[str, float] = {}
+_lock = threading.Lock()
 
 
 class ForgivingRedisCache(RedisCache):
@@ -26,15 +36,22 @@ class ForgivingRedisCache(RedisCache):
 
     def __init__(self, server: str, params: dict[str, Any]) -> None:
         super().__init__(server, params)
-        self._paused_until = 0.0
+        self._shared = repr((server, sorted(params.get("OPTIONS", {}).items())))
+
+    @cached_property
+    def _cache(self) -> RedisCacheClient:
+        with _lock:
+            if self._shared not in _clients:
+                _clients[self._shared] = super()._cache  # made as Django makes it, once
+            return _clients[self._shared]
 
     def _forgiving(self, operation: str, default: Any, call: Callable[[], Any]) -> Any:
-        if time.monotonic() < self._paused_until:
+        if time.monotonic() < _paused_until.get(self._shared, 0.0):
             return default
         try:
             return call()
         except RedisError:
-            self._paused_until = time.monotonic() + self.PAUSE_SECONDS
+            _paused_until[self._shared] = time.monotonic() + self.PAUSE_SECONDS
             logger.warning(
                 "cache %s failed: Redis is away; rate limits are off for the next %d s",
                 operation,

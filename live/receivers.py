@@ -23,8 +23,8 @@ from alerts.selectors import alerts_data
 from alerts.signals import alert_changed
 from live import broadcast
 from live.status import broadcast_node_status, broadcast_node_status_soon, broadcast_telemetry
-from nodes.ingest import event_data
-from nodes.models import Gpu, GpuTelemetry, Node, NodeEvent
+from nodes.ingest import TelemetryReport, event_data
+from nodes.models import Gpu, Node, NodeEvent
 from nodes.signals import gpu_drained, gpu_returned, node_events_recorded, node_reported, telemetry_received
 from reservations.models import MaintenanceWindow, Reservation, ReservedCapacity
 from reservations.signals import reservation_changed, reserved_capacity_released
@@ -97,13 +97,13 @@ def heartbeat_stored(sender: type, node: Node, cards_changed: bool, **kwargs: An
 
 
 @receiver(telemetry_received.on_commit)
-def readings_stored(
-    sender: type, node: Node, readings: list[GpuTelemetry], now: Any, came_back: bool, **kwargs: Any
-) -> None:
-    if came_back:  # every card changes, not only the readings
-        broadcast_node_status([node.pk])
-    else:
-        broadcast_telemetry(node=node, readings=readings, now=now)
+def readings_stored(sender: type, reports: list[TelemetryReport], **kwargs: Any) -> None:
+    back = [report.node.pk for report in reports if report.came_back]
+    if back:  # every card of these nodes changes, not only the readings
+        broadcast_node_status(back)
+    for report in reports:
+        if report.node.pk not in back:
+            broadcast_telemetry(node=report.node, readings=report.readings, now=report.now)
 
 
 @receiver(node_events_recorded.on_commit)

@@ -24,14 +24,19 @@ HISTORY_TTL = 900
 
 
 def history_record(readings: Iterable[tuple[int, datetime, int | None]]) -> None:
-    """Append (GPU id, time, utilisation %) readings; those without a utilisation are skipped."""
+    """Append (GPU id, time, utilisation %) readings, in order; those without a utilisation are skipped.
+    One append, trim and expiry per GPU, however many of its readings come at once."""
+    points: dict[int, list[str]] = {}
+    for gpu_id, at, utilization in readings:
+        if utilization is not None:
+            points.setdefault(gpu_id, []).append(f"{int(at.timestamp() * 1000)},{utilization}")
+    if not points:
+        return
     try:
         pipe = redis_client().pipeline(transaction=False)
-        for gpu_id, at, utilization in readings:
-            if utilization is None:
-                continue
+        for gpu_id, values in points.items():
             key = KEY.format(gpu_id=gpu_id)
-            pipe.rpush(key, f"{int(at.timestamp() * 1000)},{utilization}")
+            pipe.rpush(key, *values[-HISTORY_SAMPLES:])
             pipe.ltrim(key, -HISTORY_SAMPLES, -1)
             pipe.expire(key, HISTORY_TTL)
         pipe.execute()

@@ -16,13 +16,15 @@ run (a receiver of ``node_reported``): they arrive every few seconds whether bea
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from nodes.history import history_record
@@ -210,24 +212,77 @@ def event_data(event: NodeEvent) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class TelemetryReport:
+    """One telemetry report as stored: its node, one reading per known GPU (in the report's order), when
+    the portal received it, and whether the node was silent before it (every card changes then)."""
+
+    node: Node
+    readings: list[GpuTelemetry]
+    now: datetime
+    came_back: bool
+
+
 def telemetry_record(*, node: Node, samples: Iterable[dict[str, Any]], now: datetime) -> tuple[int, list[str]]:
-    """Upsert the latest reading of each of the node's GPUs in one statement; alerts look at it."""
-    known = _gpus_by_uuid(node)
-    rows, ignored = [], []
-    for sample in samples:
-        gpu = known.get(sample["uuid"])
-        if gpu is None:
-            ignored.append(sample["uuid"])
-            continue
-        rows.append(GpuTelemetry(gpu=gpu, at=now, **{field: sample.get(field) for field in TELEMETRY_FIELDS}))
-    previous = AgentState.objects.filter(node=node).first()
+    """Store one report (see ``telemetry_batch_record``); returns (readings stored, UUIDs not this node's)."""
+    reports, ignored = telemetry_batch_record([(node.pk, list(samples), now)])
+    return sum(len(report.readings) for report in reports), ignored[0]
+
+
+def telemetry_batch_record(
+    batch: Sequence[tuple[int, list[dict[str, Any]], datetime]],
+) -> tuple[list[TelemetryReport], list[list[str]]]:
+    """Store reports (node id, samples, received at), oldest first, in one transaction: each GPU's latest
+    reading upserted once, the readings folded into their minutes (nodes/usage.py), the nodes' agent
+    states marked seen; alerts look at every report in order, inside the transaction (so a batch that
+    rolls back leaves no streak counted). Returns the reports stored (those of deleted nodes are left
+    out) and, for each report given, the UUIDs that are not its node's. After commit, live sends the
+    readings; the sparklines' history is appended.
+
+    The web process calls this with one report at a time (TELEMETRY_INGEST=inline), the telemetry
+    consumer with all the reports waiting (nodes/telemetry_queue.py); the results are the same."""
+    node_ids = {node_id for node_id, _, _ in batch}
+    nodes = Node.objects.in_bulk(node_ids)
+    known: dict[int, dict[str, Gpu]] = {node_id: {} for node_id in node_ids}
+    for gpu in Gpu.objects.filter(node_id__in=node_ids):
+        known[gpu.node_id][gpu.uuid] = gpu
     with transaction.atomic():
+        previous = {state.node_id: state for state in AgentState.objects.filter(node_id__in=node_ids)}
+        reports, ignored, seen = [], [], set()
+        for node_id, samples, now in batch:
+            gpus = known[node_id]
+            ignored.append(sorted(sample["uuid"] for sample in samples if sample["uuid"] not in gpus))
+            if node_id not in nodes:
+                continue
+            readings = [
+                GpuTelemetry(gpu=gpus[sample["uuid"]], at=now, **{key: sample.get(key) for key in TELEMETRY_FIELDS})
+                for sample in samples
+                if sample["uuid"] in gpus
+            ]
+            came_back = node_id not in seen and _came_back(nodes[node_id], previous.get(node_id), now)
+            seen.add(node_id)  # a node's later reports in the batch find it online
+            reports.append(TelemetryReport(node=nodes[node_id], readings=readings, now=now, came_back=came_back))
+        rows = [reading for report in reports for reading in report.readings]
+        latest = {reading.gpu_id: reading for reading in rows}  # each GPU's last reading of the batch
         GpuTelemetry.objects.bulk_create(
-            rows, update_conflicts=True, unique_fields=["gpu"], update_fields=["at", *TELEMETRY_FIELDS]
+            latest.values(), update_conflicts=True, unique_fields=["gpu"], update_fields=["at", *TELEMETRY_FIELDS]
         )
-        AgentState.objects.filter(node=node).update(last_seen=now, offline_since=None)
-        came_back = _came_back(node, previous, now)
-    usage_record(rows)
-    telemetry_received.send(sender=Node, node=node, readings=rows, now=now, came_back=came_back)
-    history_record((row.gpu_id, now, row.utilization_pct) for row in rows)
-    return len(rows), sorted(ignored)
+        _mark_seen(previous, reports)
+        usage_record(rows)
+        if reports:
+            telemetry_received.send(sender=Node, reports=reports)
+    history_record((row.gpu_id, row.at, row.utilization_pct) for row in rows)
+    return reports, ignored
+
+
+def _mark_seen(states: dict[int, AgentState], reports: list[TelemetryReport]) -> None:
+    """The nodes' agent states (those that have one) seen at their last report of the batch, never
+    earlier than a heartbeat stored meanwhile."""
+    last = {report.node.pk: report.now for report in reports}
+    changed = []
+    for node_id, now in last.items():
+        state = states.get(node_id)
+        if state is not None:
+            state.last_seen, state.offline_since = Greatest(F("last_seen"), Value(now)), None
+            changed.append(state)
+    AgentState.objects.bulk_update(changed, ["last_seen", "offline_since"])

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from kernel.api import DomainError
 from kernel.api_schema import ERRORS
 from nodes.agent_auth import AgentView
 from nodes.ingest import agent_events_record, agent_heartbeat_record, telemetry_record
@@ -17,7 +19,8 @@ from nodes.ingest_serializers import (
     StoredSerializer,
     TelemetrySerializer,
 )
-from nodes.models import Node
+from nodes.models import Gpu, Node
+from nodes.telemetry_queue import QueueFull, telemetry_enqueue
 
 
 class HeartbeatView(AgentView):
@@ -46,6 +49,12 @@ class EventsView(AgentView):
         return Response({"stored": stored, "ignored_gpus": ignored})
 
 
+class TelemetryBacklog(DomainError):
+    code = "telemetry_backlog"
+    http_status = 503
+    retry_after = "5"  # an agent's reporting interval
+
+
 class TelemetryView(AgentView):
     @extend_schema(
         summary="Agent telemetry (node token)",
@@ -54,6 +63,19 @@ class TelemetryView(AgentView):
         responses={200: StoredSerializer, **ERRORS},
     )
     def post(self, request: Request) -> Response:
-        data = self.validated(TelemetrySerializer)
-        stored, ignored = telemetry_record(node=self.node, samples=data["gpus"], now=timezone.now())
-        return Response({"stored": stored, "ignored_gpus": ignored})
+        samples, now = self.validated(TelemetrySerializer)["gpus"], timezone.now()
+        if settings.TELEMETRY_INGEST == "inline":
+            stored, ignored = telemetry_record(node=self.node, samples=samples, now=now)
+            return Response({"stored": stored, "ignored_gpus": ignored})
+        # Queued (nodes/telemetry_queue.py): the GPUs that are not this node's are named back now and
+        # left out; the consumer looks again when it stores the rest.
+        known = set(Gpu.objects.filter(node=self.node).values_list("uuid", flat=True))
+        ignored = sorted({sample["uuid"] for sample in samples} - known)
+        samples = [sample for sample in samples if sample["uuid"] in known]
+        try:
+            telemetry_enqueue(node=self.node, samples=samples, now=now)
+        except QueueFull:
+            raise TelemetryBacklog(
+                "The portal is behind on storing telemetry: this report was not kept. Send the next one as usual."
+            ) from None
+        return Response({"stored": len(samples), "ignored_gpus": ignored})

@@ -305,3 +305,15 @@ class NodeEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id}: {self.get_kind_display()} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class IngestMark(models.Model):
+    """How far a consumer of a Redis stream has come (nodes/telemetry_queue.py): the id of the last entry
+    whose writes have committed, updated in the same transaction as those writes. An entry at or before
+    it is never stored twice, whatever happened to the consumer between its commit and Redis."""
+
+    stream = models.CharField(max_length=100, primary_key=True)
+    last_id = models.CharField(max_length=40, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.stream} up to {self.last_id or 'nothing'}"

@@ -16,8 +16,9 @@ from kernel.signals import PhasedSignal
 # drained GPUs changed, so its status cards differ (telemetry refreshes them otherwise).
 node_reported = PhasedSignal("node_reported")
 
-# Telemetry was stored. node, readings (GpuTelemetry rows, one per GPU), now, ``came_back`` (the
-# node was silent before this report: every card changes, not only the readings).
+# Telemetry was stored: ``reports``, oldest first (nodes.ingest.TelemetryReport: node, readings (one
+# GpuTelemetry row per GPU), now, ``came_back``: the node was silent before, every card changes). One
+# report when the web process stores it, all those of a batch when the telemetry consumer does.
 telemetry_received = PhasedSignal("telemetry_received")
 
 # Agent events were stored. node, ``stored`` (NodeEvent rows written), ``acting`` (those that open or

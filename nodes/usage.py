@@ -1,7 +1,7 @@
 """GPU usage over time: each telemetry reading folded into its GPU's minute (``GpuMinute``), and
 what was used during a period (a slot's summary, idle detection).
 
-One statement per report, whatever the number of GPUs: an upsert that adds the samples to the
+One statement per report (or batch of reports), whatever the number of GPUs: an upsert that adds the samples to the
 minute's sums and keeps its maxima (``INSERT ... ON CONFLICT DO UPDATE``, on PostgreSQL and SQLite
 alike).
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -19,6 +20,7 @@ from django.db.models import Count, F, Max, Q, Sum
 from nodes.models import GpuMinute, GpuTelemetry
 
 _TABLE = GpuMinute._meta.db_table
+ROWS_PER_STATEMENT = 1000  # 7,000 parameters: within SQLite's and PostgreSQL's limits
 
 
 def _larger(column: str) -> str:
@@ -29,24 +31,24 @@ def _larger(column: str) -> str:
 
 
 def usage_record(readings: Iterable[GpuTelemetry]) -> None:
-    """Fold readings (GPU, time, values) into their GPUs' minutes."""
-    rows = []
+    """Fold readings (GPU, time, values) into their GPUs' minutes. Readings of one GPU in one minute
+    are added up first: one upsert cannot touch a row twice."""
+    minutes: dict[tuple[int, datetime], list[Any]] = {}
     for reading in readings:
-        minute = reading.at.replace(second=0, microsecond=0)
+        key = (reading.gpu_id, reading.at.replace(second=0, microsecond=0))
         has_utilization = reading.utilization_pct is not None
-        rows.append(
-            (
-                reading.gpu_id,
-                minute,
-                1,
-                int(has_utilization),
-                reading.utilization_pct or 0,
-                reading.memory_used_mib,
-                reading.temperature_c,
-            )
-        )
-    if not rows:
-        return
+        row = minutes.setdefault(key, [0, 0, 0, None, None])
+        row[0] += 1
+        row[1] += int(has_utilization)
+        row[2] += reading.utilization_pct or 0
+        row[3] = _max(row[3], reading.memory_used_mib)
+        row[4] = _max(row[4], reading.temperature_c)
+    rows = [(*key, *values) for key, values in minutes.items()]
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        _upsert_minutes(rows[start : start + ROWS_PER_STATEMENT])
+
+
+def _upsert_minutes(rows: list[tuple[Any, ...]]) -> None:
     values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(rows))
     # Only constants are formatted in (the table, column names); every value is a parameter.
     sql = (
@@ -61,6 +63,10 @@ def usage_record(readings: Iterable[GpuTelemetry]) -> None:
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [value for row in rows for value in row])
+
+
+def _max(stored: int | None, new: int | None) -> int | None:
+    return new if stored is None else stored if new is None else max(stored, new)
 
 
 @dataclass(frozen=True)

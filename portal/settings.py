@@ -491,6 +491,18 @@ NOTIFY_ENDED_CATCHUP_HOURS = envint("NOTIFY_ENDED_CATCHUP_HOURS", 6)
 # send (EMAIL_TIMEOUT per SMTP step; checked by notifications.E001), short enough not to delay much.
 NOTIFY_CLAIM_SECONDS = envint("NOTIFY_CLAIM_SECONDS", 300)
 
+# Telemetry reports: "queue" (the endpoint queues them in a Redis stream and answers; the ingest process,
+# manage.py consume_telemetry, stores them in batches of up to TELEMETRY_BATCH_REPORTS) or "inline"
+# (the web process stores each one before answering: no ingest process needed, about a third of the
+# throughput). Past TELEMETRY_QUEUE_MAX queued reports the endpoint answers 503 (nodes/telemetry_queue.py).
+TELEMETRY_INGEST = envchoice("TELEMETRY_INGEST", "queue", ("queue", "inline"))
+TELEMETRY_BATCH_REPORTS = envint("TELEMETRY_BATCH_REPORTS", 500)
+# A caught-up ingest process gathers the next batch for this long after the last one began (a report after a
+# quiet spell is stored at once): fewer, larger transactions under a steady stream. The pages' own batching
+# (LIVE_TELEMETRY_BATCH_MS) is longer.
+TELEMETRY_BATCH_WAIT_MS = envint("TELEMETRY_BATCH_WAIT_MS", 100)
+TELEMETRY_QUEUE_MAX = envint("TELEMETRY_QUEUE_MAX", 100_000)
+
 # Telemetry down-sampled per GPU per minute (nodes/usage.py) is kept this long; per hour
 # (accounting/) for good.
 TELEMETRY_MINUTES_KEEP_DAYS = envint("TELEMETRY_MINUTES_KEEP_DAYS", 30)

@@ -27,11 +27,21 @@ os.environ["NODE_BROKER_USERS"] = "false"
 # cards are built at once, in the process that booked, as with LIVE_STATUS_COALESCE_MS=0, the portal processes
 # they start included. tests/live/test_status_coalescing.py runs the worker's path.
 os.environ["LIVE_STATUS_COALESCE_MS"] = "0"
+# Telemetry is queued for the ingest process in production (nodes/telemetry_queue.py). Most tests run none:
+# the web process stores each report before answering (TELEMETRY_INGEST=inline, the same batch code with one
+# report), the portal processes they start included. tests/nodes/test_telemetry_queue.py and
+# tests/live/test_telemetry_ingest.py run the queue and the ingest process.
+os.environ["TELEMETRY_INGEST"] = "inline"
 
 
 @pytest.fixture(autouse=True)
 def single_broker_credential(settings):
     settings.NODE_BROKER_USERS = False
+
+
+@pytest.fixture(autouse=True)
+def telemetry_stored_inline(settings):
+    settings.TELEMETRY_INGEST = "inline"
 
 
 @pytest.fixture(autouse=True)

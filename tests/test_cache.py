@@ -5,6 +5,7 @@ failing open, and says so in the log once, leaving Redis alone for a while."""
 from __future__ import annotations
 
 import logging
+import threading
 
 from django.core.cache import cache
 
@@ -35,3 +36,27 @@ def test_the_rate_counts_live_in_redis_under_the_portals_prefix(alice, settings)
     prefix = settings.CACHES["default"]["KEY_PREFIX"]
     assert any(b"throttle_user" in key for key in redis_client().scan_iter(f"{prefix}:*"))
     assert cache.get("never-set") is None
+
+
+def test_the_cache_objects_of_every_thread_share_one_client_and_its_connections():
+    """Django makes a cache object per thread (and per request under ASGI); each opening its own Redis
+    connections cost every API request a connection. They share one client, and so one pool."""
+    from django.core.cache import caches
+
+    objects, clients = [], []
+
+    def use() -> None:
+        mine = caches["default"]
+        mine.get("anything")
+        objects.append(mine)
+        clients.append(mine._cache)
+
+    threads = [threading.Thread(target=use) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({id(mine) for mine in objects}) == 4  # Django's own: one per thread
+    assert len({id(client) for client in clients}) == 1
+    pool = clients[0]._get_connection_pool(write=False)
+    assert len(pool._available_connections) + len(pool._in_use_connections) <= 4

@@ -132,7 +132,7 @@ def test_it_refuses_to_start_without_an_env_file(tmp_path: Path) -> None:
 
 @needs_compose
 def test_the_example_env_starts_every_service_with_the_demo_profile(services: dict[str, Any]) -> None:
-    assert set(services) == INFRA | {"web", "worker", "beat"} | DEMO | AGENTS
+    assert set(services) == INFRA | {"web", "worker", "ingest", "beat"} | DEMO | AGENTS
     assert {name for name, service in services.items() if service.get("profiles")} == DEMO | AGENTS
     assert all(services[name]["profiles"] == ["demo"] for name in DEMO | AGENTS)
 
@@ -170,8 +170,8 @@ def test_web_migrates_then_serves_with_gunicorn_as_the_image_does(services: dict
 @needs_compose
 def test_worker_beat_and_agents_run_the_procfile_commands(services: dict[str, Any]) -> None:
     processes = procfile()
-    assert set(processes) == {"web", "worker", "beat", "demo-jobs"} | AGENTS
-    for name in ("worker", "beat", "demo-jobs", *AGENTS):
+    assert set(processes) == {"web", "worker", "ingest", "beat", "demo-jobs"} | AGENTS
+    for name in ("worker", "ingest", "beat", "demo-jobs", *AGENTS):
         assert services[name]["command"] == processes[name], name
 
 
@@ -201,6 +201,7 @@ def test_services_start_in_order_of_health(services: dict[str, Any]) -> None:
         "redis": {},
         "web": healthy,
         "worker": healthy,
+        "ingest": healthy,
         "beat": healthy,
         "demo": {"web": "service_healthy"},
         "demo-jobs": {"demo": "service_completed_successfully"},
@@ -233,6 +234,7 @@ def test_volumes(services: dict[str, Any], config: dict[str, Any]) -> None:
         "redis": set(),
         "web": set(),
         "worker": set(),
+        "ingest": set(),
         "beat": {("beat", "/app/var")},  # its schedule file: var/celerybeat-schedule
         "demo": {("agents", "/app/var/agents")},
         # The stand-in device files, where demo_agents' default --device-root puts them, shared with the jobs.
@@ -258,7 +260,7 @@ def test_the_agents_get_no_portal_settings_and_run_as_root(services: dict[str, A
     for name in AGENTS:
         assert services[name]["environment"] == {"DEMO_ACCOUNTS": "demo-alice demo-bob demo-carol"}, name
         assert services[name]["user"] == "root"
-    for name in ("web", "worker", "beat", "demo", "demo-jobs"):
+    for name in ("web", "worker", "ingest", "beat", "demo", "demo-jobs"):
         environment = services[name]["environment"]
         assert environment["DATABASE_URL"] == "postgres://portal:replace-with-a-generated-password@postgres:5432/portal"
         assert environment["REDIS_URL"] == "redis://:replace-with-a-generated-redis-password@redis:6379/0"

@@ -1,0 +1,324 @@
+"""Telemetry queued by the web process and stored in batches by the ingest process (nodes/telemetry_queue.py):
+the same results as storing each report at once, nothing lost or counted twice when the consumer dies,
+each GPU's readings in order, a burst of 1,000 nodes absorbed, and a refusal when the queue is full."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.db.models import Sum
+
+from alerts.models import Alert, AlertStreak
+from kernel.redis_client import redis_client
+from nodes import telemetry_queue
+from nodes.history import forget_all, history_of
+from nodes.ingest import telemetry_record
+from nodes.models import AgentState, Gpu, GpuMinute, GpuTelemetry, IngestMark, Node
+from nodes.telemetry_queue import STREAM, telemetry_backlog, telemetry_consume, telemetry_enqueue
+from tests.factories import node_with_gpus
+from tests.live.server import ROOT, database_url
+from tests.nodes.test_agent_reports import TELEMETRY, agent_client, sample
+
+START = datetime(2030, 1, 7, 9, 0, 5, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def empty_stream():
+    redis_client().delete(STREAM)
+    forget_all()  # the test database reuses GPU ids: no sparkline of an earlier test
+    yield
+    redis_client().delete(STREAM)
+
+
+@pytest.fixture
+def other_node(db):
+    return node_with_gpus(2, name="gpu-4090")
+
+
+@pytest.fixture
+def queued(settings):
+    settings.TELEMETRY_INGEST = "queue"
+
+
+def body(samples: list[dict]) -> dict:
+    return {"sent_at": START.isoformat(), "gpus": samples}
+
+
+def scenario(node: Node) -> list[tuple[datetime, list[dict]]]:
+    """Three minutes of a two-GPU node every 20 s: utilisation moving, GPU 1 reporting none at times,
+    GPU 0 running hot for four reports (an alert opens) and cooling down (it resolves), a user's
+    processes coming and going."""
+    gpu0, gpu1 = Gpu.objects.filter(node=node).order_by("index")
+    reports = []
+    for step in range(9):
+        hot = 3 <= step <= 6
+        reports.append(
+            (
+                START + timedelta(seconds=20 * step),
+                [
+                    sample(gpu0.uuid, utilization_pct=10 * step, temperature_c=90 if hot else 60 + step),
+                    sample(
+                        gpu1.uuid,
+                        utilization_pct=None if step % 3 == 0 else 100 - step,
+                        memory_used_mib=1000 * step,
+                        processes=[] if step % 2 else [{"pid": 7, "user": "alice", "used_memory_mib": 100}],
+                    ),
+                ],
+            )
+        )
+    return reports
+
+
+def outcome(node: Node) -> dict:
+    """What a user or admin sees of a node's telemetry, by GPU index rather than id."""
+    index = dict(Gpu.objects.filter(node=node).values_list("pk", "index"))
+    minutes = sorted(
+        (
+            index[m.gpu_id],
+            m.minute,
+            m.samples,
+            m.utilization_samples,
+            m.utilization_sum,
+            m.memory_used_max_mib,
+            m.temperature_max_c,
+        )
+        for m in GpuMinute.objects.filter(gpu__node=node)
+    )
+    latest = sorted(
+        (index[t.gpu_id], t.at, t.utilization_pct, t.temperature_c, t.memory_used_mib, t.processes)
+        for t in GpuTelemetry.objects.filter(gpu__node=node)
+    )
+    alerts = sorted(
+        (a.kind, index[a.gpu_id], a.opened_at, a.last_bad_at, a.resolved_at, a.resolution, a.details)
+        for a in Alert.objects.filter(node=node)
+    )
+    streaks = sorted((s.kind, index[s.gpu_id], s.count) for s in AlertStreak.objects.filter(node=node))
+    return {
+        "minutes": minutes,
+        "latest": latest,
+        "alerts": alerts,
+        "streaks": streaks,
+        "last_seen": AgentState.objects.get(node=node).last_seen,
+        "history": [points for _, points in sorted(history_of(list(index)).items())],
+    }
+
+
+def with_agent_state(node: Node) -> Node:
+    AgentState.objects.create(node=node, last_seen=START - timedelta(seconds=5))
+    return node
+
+
+def test_a_batch_stores_what_each_report_stored_at_once_would(db):
+    inline = with_agent_state(node_with_gpus(2, name="gpu-inline"))
+    batched = with_agent_state(node_with_gpus(2, name="gpu-batched"))
+    for now, samples in scenario(inline):
+        telemetry_record(node=inline, samples=samples, now=now)
+    for now, samples in scenario(batched):
+        telemetry_enqueue(node=batched, samples=samples, now=now)
+
+    assert telemetry_backlog() == 9
+    assert GpuMinute.objects.filter(gpu__node=batched).count() == 0  # queued, not stored
+    assert telemetry_consume() == 9  # all of them, in one transaction
+    assert telemetry_backlog() == 0
+
+    expected, got = outcome(inline), outcome(batched)
+    assert got == expected
+    # The scenario did what it says: an alert opened and resolved, minutes with and without utilisation.
+    assert [(kind, resolved is not None) for kind, _, _, _, resolved, _, _ in got["alerts"]] == [("temperature", True)]
+    assert {row[0] for row in got["minutes"]} == {0, 1}
+    assert got["latest"][0][2] == 80
+    assert got["last_seen"] == START + timedelta(seconds=160)
+
+
+def test_the_endpoint_queues_the_node_s_own_gpus_and_names_the_others(db, node, gpus, other_node, queued):
+    client = agent_client(node)
+    foreign = Gpu.objects.filter(node=other_node).first()
+    response = client.post(
+        TELEMETRY, body([sample(gpus[0].uuid), sample(foreign.uuid), sample("GPU-made-up")]), format="json"
+    )
+
+    assert response.status_code == 200, response.json()
+    assert response.json() == {"stored": 1, "ignored_gpus": sorted([foreign.uuid, "GPU-made-up"])}
+    assert not GpuTelemetry.objects.exists()  # the ingest process stores it
+    assert telemetry_consume() == 1
+    assert list(GpuTelemetry.objects.values_list("gpu_id", "utilization_pct")) == [(gpus[0].pk, 87)]
+    assert not GpuTelemetry.objects.filter(gpu=foreign).exists()
+
+
+def test_a_full_queue_refuses_the_report_with_a_reason_and_keeps_nothing_of_it(db, node, gpus, queued, settings):
+    settings.TELEMETRY_QUEUE_MAX = 2
+    client = agent_client(node)
+    for _ in range(2):
+        assert client.post(TELEMETRY, body([sample(gpus[0].uuid)]), format="json").status_code == 200
+
+    refused = client.post(TELEMETRY, body([sample(gpus[0].uuid, utilization_pct=1)]), format="json")
+
+    assert refused.status_code == 503
+    assert refused["Retry-After"] == "5"
+    assert refused.json()["error"]["code"] == "telemetry_backlog"
+    assert "behind on storing telemetry" in refused.json()["error"]["message"]
+    assert telemetry_consume() == 2
+    assert GpuTelemetry.objects.get(gpu=gpus[0]).utilization_pct == 87  # not the refused 1
+    assert client.post(TELEMETRY, body([sample(gpus[0].uuid)]), format="json").status_code == 200
+
+
+def test_a_batch_that_fails_before_its_commit_stores_nothing_and_is_stored_once_later(db, monkeypatch):
+    node = with_agent_state(node_with_gpus(2, name="gpu-batched"))
+    for now, samples in scenario(node):
+        telemetry_enqueue(node=node, samples=samples, now=now)
+
+    def die(*args, **kwargs):
+        raise RuntimeError("the consumer died after writing, before committing")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(IngestMark.objects, "filter", die)  # the mark's move, the batch's last write
+        with pytest.raises(RuntimeError):
+            telemetry_consume()
+    assert not GpuMinute.objects.exists()
+    assert not AlertStreak.objects.exists() and not Alert.objects.exists()
+
+    assert telemetry_consume() == 9
+    assert GpuMinute.objects.aggregate(samples=Sum("samples"))["samples"] == 18
+    assert Alert.objects.count() == 1
+
+
+def test_a_consumer_that_dies_between_its_commit_and_the_trim_does_not_store_the_batch_again(db, monkeypatch):
+    node = with_agent_state(node_with_gpus(2, name="gpu-batched"))
+    for now, samples in scenario(node):
+        telemetry_enqueue(node=node, samples=samples, now=now)
+
+    def die(*args, **kwargs):
+        raise ConnectionError("the consumer died after its commit")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(type(redis_client()), "xtrim", die)
+        with pytest.raises(ConnectionError):
+            telemetry_consume()
+    assert redis_client().xlen(STREAM) == 9  # still in the stream, but behind the mark
+
+    assert telemetry_consume() == 0
+    assert GpuMinute.objects.aggregate(samples=Sum("samples"))["samples"] == 18
+    assert Alert.objects.count() == 1
+    assert telemetry_backlog() == 0
+    assert redis_client().xlen(STREAM) == 0  # trimmed at last
+
+
+def test_each_gpu_s_readings_are_stored_in_the_order_they_came(db):
+    node = with_agent_state(node_with_gpus(2, name="gpu-batched"))
+    gpu0, gpu1 = Gpu.objects.filter(node=node).order_by("index")
+    for step in range(30):
+        now = START + timedelta(seconds=step)
+        telemetry_enqueue(
+            node=node,
+            samples=[sample(gpu0.uuid, utilization_pct=step), sample(gpu1.uuid, utilization_pct=99 - step)],
+            now=now,
+        )
+
+    assert telemetry_consume(limit=7) == 7  # in batches of 7: 7, 7, 7, 7, 2
+    while telemetry_consume(limit=7):
+        pass
+
+    assert GpuTelemetry.objects.get(gpu=gpu0).utilization_pct == 29  # the last one, not any
+    assert GpuTelemetry.objects.get(gpu=gpu1).utilization_pct == 70
+    history = history_of([gpu0.pk, gpu1.pk])
+    assert [value for _, value in history[gpu0.pk]] == list(range(30))
+    assert [value for _, value in history[gpu1.pk]] == [99 - step for step in range(30)]
+    assert AgentState.objects.get(node=node).last_seen == START + timedelta(seconds=29)
+
+
+def test_a_burst_from_a_thousand_nodes_is_absorbed(db):
+    names = [f"burst-{n:04d}" for n in range(1000)]
+    Node.objects.bulk_create(Node(name=name, hostname=f"{name}.lab") for name in names)
+    nodes = list(Node.objects.filter(name__in=names))
+    Gpu.objects.bulk_create(
+        Gpu(node=node, index=i, uuid=f"GPU-{node.name}-{i}", model="NVIDIA H100", memory_mib=81559)
+        for node in nodes
+        for i in range(8)
+    )
+    for node in nodes:
+        telemetry_enqueue(
+            node=node, samples=[sample(f"GPU-{node.name}-{i}", utilization_pct=i) for i in range(8)], now=START
+        )
+
+    assert telemetry_backlog() == 1000
+    while telemetry_consume():
+        pass
+
+    assert telemetry_backlog() == 0
+    assert GpuTelemetry.objects.filter(gpu__node__name__startswith="burst-").count() == 8000
+    totals = GpuMinute.objects.filter(gpu__node__name__startswith="burst-").aggregate(
+        samples=Sum("samples"), utilization=Sum("utilization_sum")
+    )
+    assert totals == {"samples": 8000, "utilization": 1000 * sum(range(8))}
+
+
+def test_two_consumers_at_once_store_each_report_once(transactional_db):
+    if connection.vendor != "postgresql":
+        pytest.skip("two connections at once: PostgreSQL")
+    node = with_agent_state(node_with_gpus(2, name="gpu-batched"))
+    gpu0, gpu1 = Gpu.objects.filter(node=node).order_by("index")
+    for step in range(400):
+        telemetry_enqueue(
+            node=node, samples=[sample(gpu0.uuid), sample(gpu1.uuid)], now=START + timedelta(seconds=step)
+        )
+
+    def consume() -> None:
+        try:
+            while telemetry_consume(limit=10):
+                pass
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=consume) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert GpuMinute.objects.aggregate(samples=Sum("samples"))["samples"] == 800
+    assert telemetry_backlog() == 0
+
+
+def test_the_ingest_process_killed_mid_stream_loses_nothing_and_counts_nothing_twice(transactional_db):
+    """The real consume_telemetry process, on a queue of 3,000 reports in batches of 25, killed with
+    SIGKILL while it works; a second one stores the rest."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the ingest process shares the test database: PostgreSQL only")
+    node = with_agent_state(node_with_gpus(8, name="gpu-batched"))
+    uuids = list(Gpu.objects.filter(node=node).order_by("index").values_list("uuid", flat=True))
+    reports = 3000
+    for step in range(reports):
+        samples = [sample(uuid, utilization_pct=step % 101) for uuid in uuids]
+        telemetry_enqueue(node=node, samples=samples, now=START + timedelta(seconds=step))
+    env = os.environ | {
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": telemetry_queue.settings.REDIS_URL,
+        "TELEMETRY_INGEST": "queue",
+        "TELEMETRY_BATCH_REPORTS": "25",
+    }
+    command = [sys.executable, "manage.py", "consume_telemetry"]
+    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # noqa: S603
+    try:
+        deadline = time.monotonic() + 60
+        while telemetry_backlog() > reports * 2 // 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.wait(10)
+    left = telemetry_backlog()
+    assert 0 < left < reports, f"the process was killed with {left} reports left"
+
+    subprocess.run([*command, "--once"], cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)  # noqa: S603
+
+    assert telemetry_backlog() == 0
+    totals = GpuMinute.objects.aggregate(samples=Sum("samples"), utilization=Sum("utilization_sum"))
+    assert totals == {"samples": reports * 8, "utilization": 8 * sum(step % 101 for step in range(reports))}
+    assert GpuTelemetry.objects.get(gpu__uuid=uuids[0]).utilization_pct == (reports - 1) % 101
