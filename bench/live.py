@@ -3,8 +3,11 @@
 What it measures
     A lab of 8 nodes x 8 GPUs, each node with its agent token. daphne (``portal.asgi``, DEBUG=0,
     started by bench/_server.py) serves the portal with the Redis channel layer; one process, as the
-    demo runs it. ``--clients`` (default 500) websocket clients, asyncio tasks of this process, each
-    connect with an API token and subscribe to "status", as a status page does.
+    demo runs it, or with ``--web-processes N`` gunicorn with N uvicorn workers, as production does.
+    Telemetry is queued and stored by ``manage.py consume_telemetry``, started beside it, as
+    production does (``--ingest inline``: stored by the web process in the request). ``--clients``
+    (default 500) websocket clients, asyncio tasks of this process, each connect with an API token and
+    subscribe to "status", as a status page does.
 
     1. Fan-out: ``--reports`` times (default 40), one node's agent POSTs a telemetry report of its
        8 GPUs to /api/v1/agent/telemetry/ over HTTP, carrying a marker value; every client notes
@@ -12,11 +15,14 @@ What it measures
        the *last* client receiving it (the figure the issue asks for), p50/p99 over the reports;
        the same for every single delivery; and the POST's own latency. Reports go one at a time,
        ``--interval`` apart (default 0.6 s, longer than the server's telemetry batching interval,
-       LIVE_TELEMETRY_BATCH_MS, so each goes out alone; a real node reports every 5 s).
+       LIVE_TELEMETRY_BATCH_MS, so each goes out alone; a real node reports every 5 s). With ``--load R``
+       the other 7 agents send R reports a second between them meanwhile (the fleet's steady ingest: 200
+       for 1,000 nodes x 8 GPUs every 5 s), so the timed reports share the batches with theirs.
     2. Ingest: 8 agent threads (one per node, one keep-alive connection each) POST 8-GPU reports
        back to back for ``--seconds`` (default 10), first with no websocket client connected, then
-       with all of them connected and reading. Reported: GPU samples stored per second, the
-       messages the clients received per second, and POST latency.
+       with all of them connected and reading. Reported: GPU samples stored per second (until the last
+       queued report is stored), the messages the clients received per second, POST latency, and where
+       the CPU went (bench/cpu.py).
 
 How to run it
     It needs PostgreSQL (a database whose name contains "bench"; its nodes named live-bench-*
@@ -24,6 +30,7 @@ How to run it
 
         DATABASE_URL=postgres://portal:portal@127.0.0.1:5432/portal_bench_live .venv/bin/python bench/live.py
         ... bench/live.py --clients 500 --reports 40 --seconds 10
+        DB_POOL_MAX_SIZE=8 ... bench/live.py --web-processes 2 --load 200   # as docker-compose runs it
 """
 
 from __future__ import annotations
@@ -59,6 +66,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=500, help="websocket clients (default 500)")
     parser.add_argument("--reports", type=int, default=40, help="reports timed for fan-out (default 40)")
     parser.add_argument("--interval", type=float, default=0.6, help="seconds between timed reports (default 0.6)")
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=0.0,
+        help="while timing the fan-out, the other agents send this many reports a second between them (default 0)",
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each ingest run (default 10)")
     parser.add_argument(
         "--ingest",
@@ -187,8 +200,13 @@ class Clients:
 async def fan_out(clients: Clients, agents: list[Agent], args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     last_client, deliveries, posts, missing = [], [], [], 0
+    timed, others = agents[0], agents[1:]
+    stop = threading.Event()
+    background = [threading.Thread(target=paced, args=(agent, args.load / len(others), stop)) for agent in others]
+    for thread in background if args.load else []:
+        thread.start()
     for r in range(args.reports):
-        agent = agents[r % len(agents)]
+        agent = timed
         marker = 1000.0 + r + 0.25
         text = f'"power_w":{marker}'
         clients.watch(text)
@@ -203,12 +221,26 @@ async def fan_out(clients: Clients, agents: list[Agent], args: argparse.Namespac
             last_client.append(max(arrivals) - sent)
             deliveries += [at - sent for at in arrivals]
         await asyncio.sleep(args.interval)
-    print(f"\n1. fan-out of one 8-GPU telemetry report to {args.clients} websocket clients ({args.reports} reports)")
+    stop.set()
+    for thread in background if args.load else []:
+        thread.join()
+    load = f", {args.load:.0f} other reports a second meanwhile" if args.load else ""
+    what = f"{args.clients} websocket clients ({args.reports} reports{load})"
+    print(f"\n1. fan-out of one 8-GPU telemetry report to {what}")
     for label, figures in (("report -> last client:", last_client), ("report -> each client:", deliveries)):
         print(f"   {label:<24} p50 {percentile_ms(figures, 50):7.1f} ms   p99 {percentile_ms(figures, 99):7.1f} ms")
     posts_p50, posts_p99 = percentile_ms(posts, 50), percentile_ms(posts, 99)
     print(f"   {'the POST itself:':<24} p50 {posts_p50:7.1f} ms   p99 {posts_p99:7.1f} ms")
     print(f"   deliveries missing after 15 s: {missing} of {args.clients * args.reports}")
+
+
+def paced(agent: Agent, rate: float, stop: threading.Event) -> None:
+    """Post reports at ``rate`` a second until ``stop`` (behind schedule: as fast as the server answers)."""
+    due = time.perf_counter()
+    while not stop.is_set():
+        agent.telemetry()
+        due += 1 / rate
+        stop.wait(max(0.0, due - time.perf_counter()))
 
 
 def ingest(agents: list[Agent], seconds: float) -> tuple[int, list[float], float]:

@@ -248,7 +248,7 @@ def telemetry_batch_record(
         known[gpu.node_id][gpu.uuid] = gpu
     with transaction.atomic():
         previous = {state.node_id: state for state in AgentState.objects.filter(node_id__in=node_ids)}
-        reports, ignored, seen = [], [], set()
+        reports, ignored, seen = [], [], {}
         for node_id, samples, now in batch:
             gpus = known[node_id]
             ignored.append(sorted(sample["uuid"] for sample in samples if sample["uuid"] not in gpus))
@@ -259,15 +259,20 @@ def telemetry_batch_record(
                 for sample in samples
                 if sample["uuid"] in gpus
             ]
-            came_back = node_id not in seen and _came_back(nodes[node_id], previous.get(node_id), now)
-            seen.add(node_id)  # a node's later reports in the batch find it online
+            # A report says the node is alive only if it is newer than what was last seen of it: one that
+            # waited in the queue while the node went silent and was marked offline brings nothing back.
+            state = previous.get(node_id)
+            fresh = state is None or now > state.last_seen
+            came_back = fresh and node_id not in seen and _came_back(nodes[node_id], state, now)
+            if fresh:
+                seen[node_id] = now  # the node's later reports in the batch find it online
             reports.append(TelemetryReport(node=nodes[node_id], readings=readings, now=now, came_back=came_back))
         rows = [reading for report in reports for reading in report.readings]
         latest = {reading.gpu_id: reading for reading in rows}  # each GPU's last reading of the batch
         GpuTelemetry.objects.bulk_create(
             latest.values(), update_conflicts=True, unique_fields=["gpu"], update_fields=["at", *TELEMETRY_FIELDS]
         )
-        _mark_seen(previous, reports)
+        _mark_seen(previous, seen)
         usage_record(rows)
         if reports:
             telemetry_received.send(sender=Node, reports=reports)
@@ -275,12 +280,11 @@ def telemetry_batch_record(
     return reports, ignored
 
 
-def _mark_seen(states: dict[int, AgentState], reports: list[TelemetryReport]) -> None:
-    """The nodes' agent states (those that have one) seen at their last report of the batch, never
+def _mark_seen(states: dict[int, AgentState], seen: dict[int, datetime]) -> None:
+    """The agent states of the nodes (those that have one) seen at the given times, and not offline: never
     earlier than a heartbeat stored meanwhile."""
-    last = {report.node.pk: report.now for report in reports}
     changed = []
-    for node_id, now in last.items():
+    for node_id, now in seen.items():
         state = states.get(node_id)
         if state is not None:
             state.last_seen, state.offline_since = Greatest(F("last_seen"), Value(now)), None

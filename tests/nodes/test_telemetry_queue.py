@@ -21,6 +21,7 @@ from kernel.redis_client import redis_client
 from nodes import telemetry_queue
 from nodes.history import forget_all, history_of
 from nodes.ingest import telemetry_record
+from nodes.liveness import nodes_mark_offline
 from nodes.models import AgentState, Gpu, GpuMinute, GpuTelemetry, IngestMark, Node
 from nodes.telemetry_queue import STREAM, telemetry_backlog, telemetry_consume, telemetry_enqueue
 from tests.factories import node_with_gpus
@@ -322,3 +323,21 @@ def test_the_ingest_process_killed_mid_stream_loses_nothing_and_counts_nothing_t
     totals = GpuMinute.objects.aggregate(samples=Sum("samples"), utilization=Sum("utilization_sum"))
     assert totals == {"samples": reports * 8, "utilization": 8 * sum(step % 101 for step in range(reports))}
     assert GpuTelemetry.objects.get(gpu__uuid=uuids[0]).utilization_pct == (reports - 1) % 101
+
+
+def test_a_report_that_waited_while_its_node_went_offline_does_not_bring_it_back(db):
+    node = with_agent_state(node_with_gpus(2, name="gpu-batched"))
+    gpu0 = Gpu.objects.filter(node=node).order_by("index").first()
+    telemetry_enqueue(node=node, samples=[sample(gpu0.uuid)], now=START)  # queued, then the agent dies
+    AgentState.objects.filter(node=node).update(last_seen=START + timedelta(seconds=4))  # its last heartbeat
+    nodes_mark_offline(START + timedelta(minutes=5))
+    offline = Alert.objects.get(node=node, kind=Alert.Kind.OFFLINE)
+
+    assert telemetry_consume() == 1
+
+    state = AgentState.objects.get(node=node)
+    assert state.offline_since == START + timedelta(minutes=5)
+    assert state.last_seen == START + timedelta(seconds=4)
+    offline.refresh_from_db()
+    assert offline.resolved_at is None
+    assert GpuTelemetry.objects.get(gpu=gpu0).at == START  # the reading itself is kept
