@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -23,10 +22,11 @@ from nodes.history import forget_all, history_of
 from nodes.ingest import telemetry_record
 from nodes.liveness import nodes_mark_offline
 from nodes.models import AgentState, Gpu, GpuMinute, GpuTelemetry, IngestMark, Node
-from nodes.telemetry_queue import STREAM, telemetry_backlog, telemetry_consume, telemetry_enqueue
+from nodes.telemetry_queue import STREAM, MarkMoved, telemetry_backlog, telemetry_consume, telemetry_enqueue
 from tests.factories import node_with_gpus
 from tests.live.server import ROOT, database_url
 from tests.nodes.test_agent_reports import TELEMETRY, agent_client, sample
+from tests.race import at_once
 
 START = datetime(2030, 1, 7, 9, 0, 5, tzinfo=UTC)
 
@@ -171,11 +171,16 @@ def test_a_full_queue_refuses_the_report_with_a_reason_and_keeps_nothing_of_it(d
     assert client.post(TELEMETRY, body([sample(gpus[0].uuid)]), format="json").status_code == 200
 
 
-def test_a_batch_that_fails_before_its_commit_stores_nothing_and_is_stored_once_later(db, monkeypatch):
+@pytest.fixture
+def queued_scenario(db):
+    """The scenario's nine reports of a node, queued."""
     node = with_agent_state(node_with_gpus(2, name="gpu-batched"))
     for now, samples in scenario(node):
         telemetry_enqueue(node=node, samples=samples, now=now)
+    return node
 
+
+def test_a_batch_that_fails_before_its_commit_stores_nothing_and_is_stored_once_later(queued_scenario, monkeypatch):
     def die(*args, **kwargs):
         raise RuntimeError("the consumer died after writing, before committing")
 
@@ -191,11 +196,9 @@ def test_a_batch_that_fails_before_its_commit_stores_nothing_and_is_stored_once_
     assert Alert.objects.count() == 1
 
 
-def test_a_consumer_that_dies_between_its_commit_and_the_trim_does_not_store_the_batch_again(db, monkeypatch):
-    node = with_agent_state(node_with_gpus(2, name="gpu-batched"))
-    for now, samples in scenario(node):
-        telemetry_enqueue(node=node, samples=samples, now=now)
-
+def test_a_consumer_that_dies_between_its_commit_and_the_trim_does_not_store_the_batch_again(
+    queued_scenario, monkeypatch
+):
     def die(*args, **kwargs):
         raise ConnectionError("the consumer died after its commit")
 
@@ -271,19 +274,14 @@ def test_two_consumers_at_once_store_each_report_once(transactional_db):
             node=node, samples=[sample(gpu0.uuid), sample(gpu1.uuid)], now=START + timedelta(seconds=step)
         )
 
-    def consume() -> None:
-        try:
-            while telemetry_consume(limit=10):
-                pass
-        finally:
-            connection.close()
+    def consume() -> str:
+        while telemetry_consume(limit=10):
+            pass
+        return "drained"
 
-    threads = [threading.Thread(target=consume) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    outcomes = at_once([consume] * 3, refusals={MarkMoved: "overtaken"})
 
+    assert outcomes == {"drained": 3}, outcomes  # each waited on the others' lock, none was overtaken
     assert GpuMinute.objects.aggregate(samples=Sum("samples"))["samples"] == 800
     assert telemetry_backlog() == 0
 
