@@ -237,7 +237,7 @@ def telemetry_batch_record(
     states marked seen; alerts look at every report in order, inside the transaction (so a batch that
     rolls back leaves no streak counted). Returns the reports stored (those of deleted nodes are left
     out) and, for each report given, the UUIDs that are not its node's. After commit, live sends the
-    readings; the sparklines' history is appended.
+    readings and the sparklines' history is appended.
 
     The web process calls this with one report at a time (TELEMETRY_INGEST=inline), the telemetry
     consumer with all the reports waiting (nodes/telemetry_queue.py); the results are the same."""
@@ -247,8 +247,12 @@ def telemetry_batch_record(
     for gpu in Gpu.objects.filter(node_id__in=node_ids):
         known[gpu.node_id][gpu.uuid] = gpu
     with transaction.atomic():
-        previous = {state.node_id: state for state in AgentState.objects.filter(node_id__in=node_ids)}
-        reports, ignored, seen = [], [], {}
+        # Locked, in one order, so that beat marking a node offline meanwhile is seen (or waits).
+        states = AgentState.objects.select_for_update().filter(node_id__in=node_ids).order_by("node_id")
+        previous = {state.node_id: state for state in states}
+        reports: list[TelemetryReport] = []
+        ignored: list[list[str]] = []
+        seen: dict[int, datetime] = {}
         for node_id, samples, now in batch:
             gpus = known[node_id]
             ignored.append(sorted(sample["uuid"] for sample in samples if sample["uuid"] not in gpus))
@@ -259,13 +263,15 @@ def telemetry_batch_record(
                 for sample in samples
                 if sample["uuid"] in gpus
             ]
-            # A report says the node is alive only if it is newer than what was last seen of it: one that
+            # A report says the node is alive only if it is newer than what was last known of it: one that
             # waited in the queue while the node went silent and was marked offline brings nothing back.
             state = previous.get(node_id)
-            fresh = state is None or now > state.last_seen
+            fresh = state is None or (
+                now > state.last_seen and (state.offline_since is None or now >= state.offline_since)
+            )
             came_back = fresh and node_id not in seen and _came_back(nodes[node_id], state, now)
-            if fresh:
-                seen[node_id] = now  # the node's later reports in the batch find it online
+            if fresh:  # the node's later reports in the batch find it online
+                seen[node_id] = max(seen.get(node_id, now), now)
             reports.append(TelemetryReport(node=nodes[node_id], readings=readings, now=now, came_back=came_back))
         rows = [reading for report in reports for reading in report.readings]
         latest = {reading.gpu_id: reading for reading in rows}  # each GPU's last reading of the batch
@@ -276,7 +282,9 @@ def telemetry_batch_record(
         usage_record(rows)
         if reports:
             telemetry_received.send(sender=Node, reports=reports)
-    history_record((row.gpu_id, row.at, row.utilization_pct) for row in rows)
+        # The sparklines' points once committed: a batch that rolls back and is stored again adds them once.
+        points = [(row.gpu_id, row.at, row.utilization_pct) for row in rows]
+        transaction.on_commit(lambda: history_record(points))
     return reports, ignored
 
 

@@ -20,7 +20,7 @@ from nodes.ingest_serializers import (
     TelemetrySerializer,
 )
 from nodes.models import Gpu, Node
-from nodes.telemetry_queue import QueueFull, telemetry_enqueue
+from nodes.telemetry_queue import QueueAway, QueueFull, telemetry_enqueue
 
 
 class HeartbeatView(AgentView):
@@ -74,6 +74,9 @@ class TelemetryView(AgentView):
         samples = [sample for sample in samples if sample["uuid"] in known]
         try:
             telemetry_enqueue(node=self.node, samples=samples, now=now)
+        except QueueAway:  # no queue without Redis: stored here, as with TELEMETRY_INGEST=inline
+            stored, _ = telemetry_record(node=self.node, samples=samples, now=now)
+            return Response({"stored": stored, "ignored_gpus": ignored})
         except QueueFull:
             raise TelemetryBacklog(
                 "The portal is behind on storing telemetry: this report was not kept. Send the next one as usual."

@@ -18,6 +18,9 @@ USER_MAX_LENGTH = protocol.TEXT_LIMITS["user"]
 
 # Placements and slice counts beyond any card's (8 memory slices, 7 compute slices on today's MIG cards).
 MAX_CARD_SLICES = 64
+# The largest value the database columns these land in (PositiveIntegerField) hold, on PostgreSQL as on SQLite:
+# a larger one would pass validation and fail the insert.
+INTEGER_MAX = 2**31 - 1
 
 
 class MigSliceSerializer(serializers.Serializer):
@@ -28,7 +31,7 @@ class MigSliceSerializer(serializers.Serializer):
     placement_start = serializers.IntegerField(min_value=0, max_value=MAX_CARD_SLICES - 1)
     placement_size = serializers.IntegerField(min_value=1, max_value=MAX_CARD_SLICES)
     compute_slices = serializers.IntegerField(min_value=1, max_value=MAX_CARD_SLICES)
-    memory_mib = serializers.IntegerField(min_value=0, max_value=2**31, allow_null=True)
+    memory_mib = serializers.IntegerField(min_value=0, max_value=INTEGER_MAX, allow_null=True)
 
 
 class MigCardSerializer(serializers.Serializer):
@@ -128,8 +131,8 @@ class ProcessSerializer(serializers.Serializer):
 class SampleSerializer(serializers.Serializer):
     uuid = serializers.CharField(max_length=80)
     utilization_pct = serializers.IntegerField(allow_null=True, min_value=0, max_value=100)
-    memory_used_mib = serializers.IntegerField(allow_null=True, min_value=0, max_value=2**31)
-    memory_total_mib = serializers.IntegerField(allow_null=True, min_value=0, max_value=2**31)
+    memory_used_mib = serializers.IntegerField(allow_null=True, min_value=0, max_value=INTEGER_MAX)
+    memory_total_mib = serializers.IntegerField(allow_null=True, min_value=0, max_value=INTEGER_MAX)
     temperature_c = serializers.IntegerField(allow_null=True, min_value=-100, max_value=300)
     slowdown_temperature_c = serializers.IntegerField(allow_null=True, required=False, min_value=-100, max_value=300)
     power_w = serializers.FloatField(allow_null=True, min_value=0, max_value=100_000)

@@ -17,9 +17,18 @@ Nothing is lost or counted twice:
 - Two consumers at once are safe: the mark row is locked for the batch, and a mark that moved under
   a consumer anyway (SQLite takes no row lock) rolls its batch back.
 - Entries are stored in the stream's order, so each GPU's readings stay in order.
+- A report the database refuses (a value out of a column's range that validation let through, say) does
+  not hold up the others: the batch is stored again a report at a time, and that one is logged and
+  passed over. A database that is away fails the whole batch, which is tried again.
+- A stream that was made again behind the mark (Redis restarted without its data while its clock went
+  back) is read from its start, with a warning, rather than waited on.
+What Redis itself loses is lost: a Redis restarted without persistence (the demo's and docker-compose's)
+drops the reports queued at that moment, normally a fraction of a second's worth; each node's next
+report follows within seconds. Needs Redis 6.2 or later (exclusive XRANGE bounds, XTRIM MINID).
 
-A portal that falls behind by TELEMETRY_QUEUE_MAX reports answers 503 with Retry-After instead of
-growing the queue without bound; the agent sends its next report as usual.
+A portal that falls behind by TELEMETRY_QUEUE_MAX reports, or whose queue holds TELEMETRY_QUEUE_MAX_MB,
+answers 503 with Retry-After instead of growing the queue without bound; the agent sends its next
+report as usual. With Redis away the web process stores the report itself (``QueueAway``).
 """
 
 from __future__ import annotations
@@ -31,8 +40,9 @@ import time
 from datetime import datetime
 from typing import Any
 
+import redis
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import DataError, IntegrityError, close_old_connections, transaction
 
 from kernel.redis_client import redis_client
 from nodes.ingest import telemetry_batch_record
@@ -42,10 +52,19 @@ logger = logging.getLogger(__name__)
 
 STREAM = "gpubook:telemetry"
 WAIT_MS = 500  # an idle consumer wakes this often to see whether it should stop (under the client's 2 s timeout)
+PAUSE_SECONDS = 30.0
+# The database refusing one report's values; anything else (a database away, a bug) fails the whole batch.
+REFUSED = (DataError, IntegrityError, ValueError, TypeError, KeyError)
+_paused_until = 0.0
 
 
 class QueueFull(Exception):
-    """The consumer is TELEMETRY_QUEUE_MAX reports behind: the report is refused, not queued."""
+    """The consumer is TELEMETRY_QUEUE_MAX reports (or TELEMETRY_QUEUE_MAX_MB) behind: the report is
+    refused, not queued."""
+
+
+class QueueAway(Exception):
+    """Redis did not answer (or did recently): the caller stores the report itself."""
 
 
 class MarkMoved(Exception):
@@ -53,11 +72,24 @@ class MarkMoved(Exception):
 
 
 def telemetry_enqueue(*, node: Node, samples: list[dict[str, Any]], now: datetime) -> None:
-    """Queue one validated report of ``node``, received at ``now``."""
-    client = redis_client()
-    if client.xlen(STREAM) >= settings.TELEMETRY_QUEUE_MAX:
-        raise QueueFull
-    client.xadd(STREAM, {"report": json.dumps([node.pk, now.isoformat(), samples])})
+    """Queue one validated report of ``node``, received at ``now``. Raises QueueFull past the limits, and
+    QueueAway when Redis fails (then leaves it alone for PAUSE_SECONDS, as the cache does)."""
+    global _paused_until
+    if time.monotonic() < _paused_until:
+        raise QueueAway
+    try:
+        client = redis_client()
+        pipe = client.pipeline(transaction=False)
+        pipe.xlen(STREAM)
+        pipe.memory_usage(STREAM, samples=5)  # an estimate from a few nodes of the stream, cheap
+        length, size = pipe.execute()
+        if length >= settings.TELEMETRY_QUEUE_MAX or (size or 0) >= settings.TELEMETRY_QUEUE_MAX_MB * 2**20:
+            raise QueueFull
+        client.xadd(STREAM, {"report": json.dumps([node.pk, now.isoformat(), samples])})
+    except redis.RedisError as exc:
+        _paused_until = time.monotonic() + PAUSE_SECONDS
+        logger.warning("telemetry not queued: Redis is away; web processes store it for the next %d s", PAUSE_SECONDS)
+        raise QueueAway from exc
 
 
 def telemetry_consume(*, limit: int | None = None) -> int:
@@ -69,13 +101,56 @@ def telemetry_consume(*, limit: int | None = None) -> int:
         after = f"({mark.last_id}" if mark.last_id else "-"
         entries = client.xrange(STREAM, min=after, count=limit or settings.TELEMETRY_BATCH_REPORTS)
         if not entries:
+            _restart_behind(client, mark)
             return 0
-        telemetry_batch_record([_decode(fields) for _, fields in entries])
+        _store(entries)
         last_id = _text(entries[-1][0])
         if not IngestMark.objects.filter(stream=STREAM, last_id=mark.last_id).update(last_id=last_id):
             raise MarkMoved(f"the mark of {STREAM} moved from {mark.last_id or 'nothing'} during a batch")
-    _trim(client, last_id)
+    try:
+        _trim(client, last_id)
+    except redis.RedisError:  # stored all the same; the next batch or telemetry_backlog trims them
+        logger.warning("telemetry stored up to %s, not trimmed from the queue yet", last_id, exc_info=True)
     return len(entries)
+
+
+def _store(entries: list[Any]) -> None:
+    """The entries' reports, together; if the database refuses the batch, one at a time, passing over
+    (and logging) those it refuses on their own. Each try is a savepoint: what a refused one wrote,
+    and what it would have done after commit, goes with it."""
+    reports = [_decode(fields) for _, fields in entries]
+    try:
+        with transaction.atomic():
+            telemetry_batch_record(reports)
+        return
+    except REFUSED:
+        if len(reports) == 1:
+            raise
+    for (entry_id, _), report in zip(entries, reports, strict=True):
+        try:
+            with transaction.atomic():
+                telemetry_batch_record([report])
+        except REFUSED:
+            logger.exception(
+                "telemetry report %s of node %s refused by the database: passed over", _text(entry_id), report[0]
+            )
+
+
+def _restart_behind(client: Any, mark: IngestMark) -> None:
+    """Nothing after the mark: if the stream's newest id is older than the mark, the stream was made again
+    (Redis restarted without its data, its clock behind the one that made the mark). Read it from its
+    start rather than wait for the clock to catch up."""
+    if not mark.last_id:
+        return
+    try:
+        newest = _text(client.xinfo_stream(STREAM)["last-generated-id"])
+    except redis.ResponseError:  # no stream yet
+        return
+    if _id(newest) < _id(mark.last_id):
+        logger.warning(
+            "the telemetry queue restarted behind its mark (%s < %s): reading it from its start", newest, mark.last_id
+        )
+        IngestMark.objects.filter(stream=STREAM).update(last_id="")
 
 
 def telemetry_backlog() -> int:
@@ -83,14 +158,24 @@ def telemetry_backlog() -> int:
     client = redis_client()
     mark = IngestMark.objects.filter(stream=STREAM).values_list("last_id", flat=True).first()
     if mark:
-        _trim(client, mark)
+        try:
+            newest = _text(client.xinfo_stream(STREAM)["last-generated-id"])
+        except redis.ResponseError:  # no stream
+            return 0
+        if _id(mark) <= _id(newest):  # never trim a stream made again behind the mark
+            _trim(client, mark)
     return int(client.xlen(STREAM))
+
+
+def _id(entry_id: str) -> tuple[int, int]:
+    ms, _, sequence = entry_id.partition("-")
+    return int(ms), int(sequence or 0)
 
 
 def _trim(client: Any, last_id: str) -> None:
     """Drop the entries up to ``last_id`` (XTRIM MINID keeps the id it is given: the next one is given)."""
-    ms, _, sequence = last_id.partition("-")
-    client.xtrim(STREAM, minid=f"{ms}-{int(sequence) + 1}", approximate=False)
+    ms, sequence = _id(last_id)
+    client.xtrim(STREAM, minid=f"{ms}-{sequence + 1}", approximate=False)
 
 
 def telemetry_consume_forever(stop: threading.Event) -> None:

@@ -495,6 +495,7 @@ NOTIFY_CLAIM_SECONDS = envint("NOTIFY_CLAIM_SECONDS", 300)
 # manage.py consume_telemetry, stores them in batches of up to TELEMETRY_BATCH_REPORTS) or "inline"
 # (the web process stores each one before answering: no ingest process needed, about a third of the
 # throughput). Past TELEMETRY_QUEUE_MAX queued reports the endpoint answers 503 (nodes/telemetry_queue.py).
+# Needs Redis 6.2 or later.
 TELEMETRY_INGEST = envchoice("TELEMETRY_INGEST", "queue", ("queue", "inline"))
 TELEMETRY_BATCH_REPORTS = envint("TELEMETRY_BATCH_REPORTS", 500)
 # A caught-up ingest process gathers the next batch for this long after the last one began (a report after a
@@ -502,6 +503,8 @@ TELEMETRY_BATCH_REPORTS = envint("TELEMETRY_BATCH_REPORTS", 500)
 # (LIVE_TELEMETRY_BATCH_MS) is longer.
 TELEMETRY_BATCH_WAIT_MS = envint("TELEMETRY_BATCH_WAIT_MS", 100)
 TELEMETRY_QUEUE_MAX = envint("TELEMETRY_QUEUE_MAX", 100_000)
+# ... or past this much of Redis' memory (Redis' estimate): a report may carry up to 256 GPUs' processes.
+TELEMETRY_QUEUE_MAX_MB = envint("TELEMETRY_QUEUE_MAX_MB", 256)
 
 # Telemetry down-sampled per GPU per minute (nodes/usage.py) is kept this long; per hour
 # (accounting/) for good.

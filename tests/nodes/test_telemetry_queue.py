@@ -12,6 +12,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import redis
 from django.db import connection
 from django.db.models import Sum
 
@@ -54,9 +55,10 @@ def body(samples: list[dict]) -> dict:
 
 
 def scenario(node: Node) -> list[tuple[datetime, list[dict]]]:
-    """Three minutes of a two-GPU node every 20 s: utilisation moving, GPU 1 reporting none at times,
-    GPU 0 running hot for four reports (an alert opens) and cooling down (it resolves), a user's
-    processes coming and going."""
+    """Three minutes of a two-GPU node every 20 s (three reports a minute): utilisation moving, GPU 1
+    reporting none at times and no memory or temperature for a whole minute and for one report, GPU 0
+    running hot for four reports (an alert opens) and cooling down (it resolves), a user's processes
+    coming and going."""
     gpu0, gpu1 = Gpu.objects.filter(node=node).order_by("index")
     reports = []
     for step in range(9):
@@ -69,7 +71,8 @@ def scenario(node: Node) -> list[tuple[datetime, list[dict]]]:
                     sample(
                         gpu1.uuid,
                         utilization_pct=None if step % 3 == 0 else 100 - step,
-                        memory_used_mib=1000 * step,
+                        memory_used_mib=None if step in (3, 4, 5, 7) else 1000 * step,
+                        temperature_c=None if step in (0, 1, 2, 8) else 61,
                         processes=[] if step % 2 else [{"pid": 7, "user": "alice", "used_memory_mib": 100}],
                     ),
                 ],
@@ -117,21 +120,34 @@ def with_agent_state(node: Node) -> Node:
     return node
 
 
-def test_a_batch_stores_what_each_report_stored_at_once_would(db):
+def test_a_batch_stores_what_each_report_stored_at_once_would(db, django_capture_on_commit_callbacks):
     inline = with_agent_state(node_with_gpus(2, name="gpu-inline"))
     batched = with_agent_state(node_with_gpus(2, name="gpu-batched"))
-    for now, samples in scenario(inline):
-        telemetry_record(node=inline, samples=samples, now=now)
-    for now, samples in scenario(batched):
-        telemetry_enqueue(node=batched, samples=samples, now=now)
+    with django_capture_on_commit_callbacks(execute=True):
+        for now, samples in scenario(inline):
+            telemetry_record(node=inline, samples=samples, now=now)
+        for now, samples in scenario(batched):
+            telemetry_enqueue(node=batched, samples=samples, now=now)
 
-    assert telemetry_backlog() == 9
-    assert GpuMinute.objects.filter(gpu__node=batched).count() == 0  # queued, not stored
-    assert telemetry_consume() == 9  # all of them, in one transaction
-    assert telemetry_backlog() == 0
+        assert telemetry_backlog() == 9
+        assert GpuMinute.objects.filter(gpu__node=batched).count() == 0  # queued, not stored
+        assert telemetry_consume() == 9  # all of them, in one transaction
+        assert telemetry_backlog() == 0
 
     expected, got = outcome(inline), outcome(batched)
     assert got == expected
+    minute = START.replace(second=0)
+    # (GPU, minute, samples, with utilisation, utilisation sum, peak memory, peak temperature): NULL where a
+    # whole minute had none, the others' peak where one reading had none.
+    assert got["minutes"] == [
+        (0, minute, 3, 3, 30, 2048, 62),
+        (0, minute + timedelta(minutes=1), 3, 3, 120, 2048, 90),
+        (0, minute + timedelta(minutes=2), 3, 3, 210, 2048, 90),
+        (1, minute, 3, 2, 197, 2000, None),
+        (1, minute + timedelta(minutes=1), 3, 2, 191, None, 61),
+        (1, minute + timedelta(minutes=2), 3, 2, 185, 8000, 61),
+    ]
+    assert [value for _, value in got["history"][1]] == [99, 98, 96, 95, 93, 92]
     # The scenario did what it says: an alert opened and resolved, minutes with and without utilisation.
     assert [(kind, resolved is not None) for kind, _, _, _, resolved, _, _ in got["alerts"]] == [("temperature", True)]
     assert {row[0] for row in got["minutes"]} == {0, 1}
@@ -180,7 +196,9 @@ def queued_scenario(db):
     return node
 
 
-def test_a_batch_that_fails_before_its_commit_stores_nothing_and_is_stored_once_later(queued_scenario, monkeypatch):
+def test_a_batch_that_fails_before_its_commit_stores_nothing_and_is_stored_once_later(
+    queued_scenario, monkeypatch, django_capture_on_commit_callbacks
+):
     def die(*args, **kwargs):
         raise RuntimeError("the consumer died after writing, before committing")
 
@@ -191,9 +209,12 @@ def test_a_batch_that_fails_before_its_commit_stores_nothing_and_is_stored_once_
     assert not GpuMinute.objects.exists()
     assert not AlertStreak.objects.exists() and not Alert.objects.exists()
 
-    assert telemetry_consume() == 9
+    with django_capture_on_commit_callbacks(execute=True):
+        assert telemetry_consume() == 9
     assert GpuMinute.objects.aggregate(samples=Sum("samples"))["samples"] == 18
     assert Alert.objects.count() == 1
+    gpu0 = Gpu.objects.get(node=queued_scenario, index=0)
+    assert len(history_of([gpu0.pk])[gpu0.pk]) == 9  # the failed try added no sparkline point
 
 
 def test_a_consumer_that_dies_between_its_commit_and_the_trim_does_not_store_the_batch_again(
@@ -215,7 +236,7 @@ def test_a_consumer_that_dies_between_its_commit_and_the_trim_does_not_store_the
     assert redis_client().xlen(STREAM) == 0  # trimmed at last
 
 
-def test_each_gpu_s_readings_are_stored_in_the_order_they_came(db):
+def test_each_gpu_s_readings_are_stored_in_the_order_they_came(db, django_capture_on_commit_callbacks):
     node = with_agent_state(node_with_gpus(2, name="gpu-batched"))
     gpu0, gpu1 = Gpu.objects.filter(node=node).order_by("index")
     for step in range(30):
@@ -226,9 +247,10 @@ def test_each_gpu_s_readings_are_stored_in_the_order_they_came(db):
             now=now,
         )
 
-    assert telemetry_consume(limit=7) == 7  # in batches of 7: 7, 7, 7, 7, 2
-    while telemetry_consume(limit=7):
-        pass
+    with django_capture_on_commit_callbacks(execute=True):
+        assert telemetry_consume(limit=7) == 7  # in batches of 7: 7, 7, 7, 7, 2
+        while telemetry_consume(limit=7):
+            pass
 
     assert GpuTelemetry.objects.get(gpu=gpu0).utilization_pct == 29  # the last one, not any
     assert GpuTelemetry.objects.get(gpu=gpu1).utilization_pct == 70
@@ -304,7 +326,7 @@ def test_the_ingest_process_killed_mid_stream_loses_nothing_and_counts_nothing_t
         "TELEMETRY_BATCH_REPORTS": "25",
     }
     command = [sys.executable, "manage.py", "consume_telemetry"]
-    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # noqa: S603
+    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: S603
     try:
         deadline = time.monotonic() + 60
         while telemetry_backlog() > reports * 2 // 3 and time.monotonic() < deadline:
@@ -339,3 +361,65 @@ def test_a_report_that_waited_while_its_node_went_offline_does_not_bring_it_back
     offline.refresh_from_db()
     assert offline.resolved_at is None
     assert GpuTelemetry.objects.get(gpu=gpu0).at == START  # the reading itself is kept
+
+
+def test_a_report_queued_before_its_node_was_marked_offline_leaves_it_offline(db):
+    """Its last telemetry is newer than its last heartbeat, but older than the offline mark."""
+    node = with_agent_state(node_with_gpus(2, name="gpu-batched"))
+    gpu0 = Gpu.objects.filter(node=node).order_by("index").first()
+    telemetry_enqueue(node=node, samples=[sample(gpu0.uuid)], now=START)  # then the agent dies
+    nodes_mark_offline(START + timedelta(seconds=45))
+
+    assert telemetry_consume() == 1
+
+    assert AgentState.objects.get(node=node).offline_since == START + timedelta(seconds=45)
+    assert Alert.objects.get(node=node, kind=Alert.Kind.OFFLINE).resolved_at is None
+
+
+def test_a_report_the_database_refuses_is_passed_over_and_the_others_are_stored(db, caplog):
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite stores an integer of any size")
+    node = with_agent_state(node_with_gpus(2, name="gpu-batched"))
+    gpu0, gpu1 = Gpu.objects.filter(node=node).order_by("index")
+    telemetry_enqueue(node=node, samples=[sample(gpu0.uuid, utilization_pct=1)], now=START)
+    # Past the column's range: validation refuses it (below), a report queued some other way still must not block.
+    telemetry_enqueue(node=node, samples=[sample(gpu1.uuid, memory_used_mib=2**31)], now=START + timedelta(seconds=5))
+    telemetry_enqueue(node=node, samples=[sample(gpu0.uuid, utilization_pct=3)], now=START + timedelta(seconds=10))
+
+    assert telemetry_consume() == 3
+    assert telemetry_backlog() == 0
+    assert GpuTelemetry.objects.get(gpu=gpu0).utilization_pct == 3
+    assert not GpuTelemetry.objects.filter(gpu=gpu1).exists()
+    assert GpuMinute.objects.get(gpu=gpu0).samples == 2
+    assert "passed over" in caplog.text
+
+
+def test_a_value_past_the_database_s_range_is_refused_when_it_is_posted(db, node, gpus, queued):
+    refused = agent_client(node).post(TELEMETRY, body([sample(gpus[0].uuid, memory_used_mib=2**31)]), format="json")
+    assert refused.status_code == 400
+    assert "memory_used_mib" in refused.json()["error"]["message"]
+
+
+def test_with_redis_away_the_web_process_stores_the_report_itself(db, node, gpus, queued, monkeypatch):
+    away = redis.Redis(host="127.0.0.1", port=9, socket_connect_timeout=0.5)  # nothing listens there
+    monkeypatch.setattr(telemetry_queue, "redis_client", lambda: away)
+    monkeypatch.setattr(telemetry_queue, "_paused_until", 0.0)
+
+    answers = [agent_client(node).post(TELEMETRY, body([sample(gpus[0].uuid)]), format="json") for _ in range(2)]
+
+    assert [answer.status_code for answer in answers] == [200, 200]
+    assert GpuMinute.objects.get(gpu=gpus[0]).samples == 2
+    assert telemetry_queue._paused_until > time.monotonic()  # the second did not wait on Redis again
+
+
+def test_a_stream_made_again_behind_the_mark_is_read_from_its_start(db):
+    node = with_agent_state(node_with_gpus(2, name="gpu-batched"))
+    gpu0 = Gpu.objects.filter(node=node).order_by("index").first()
+    ahead = f"{int(time.time() * 1000) + 3_600_000}-0"  # a mark made by a clock an hour ahead
+    IngestMark.objects.create(stream=STREAM, last_id=ahead)
+    telemetry_enqueue(node=node, samples=[sample(gpu0.uuid)], now=START)
+
+    assert telemetry_backlog() == 1  # not trimmed away
+    assert telemetry_consume() == 0  # found behind the mark: read again from its start
+    assert telemetry_consume() == 1
+    assert GpuTelemetry.objects.filter(gpu=gpu0).exists()
