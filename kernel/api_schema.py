@@ -16,17 +16,17 @@ class ErrorSerializer(serializers.Serializer):
     error = ErrorDetailSerializer()
 
 
-def _error(description: str) -> OpenApiResponse:
+def error_response(description: str) -> OpenApiResponse:
     return OpenApiResponse(ErrorSerializer, description=description)
 
 
 ERRORS = {
-    400: _error("Bad input: the fields and what is wrong with them."),
-    401: _error("Not logged in, or an unknown, revoked or expired token."),
-    403: _error("Not allowed, or a limit refuses it (the limit and the numbers)."),
-    404: _error("No such object, or not one you may act on."),
-    409: _error("The slot is taken (the conflicting slots), or the reservation's state does not allow it."),
-    429: _error("Too many requests for this token."),
-    503: _error("The GPUs are busy with other bookings: retry shortly."),
+    400: error_response("Bad input: the fields and what is wrong with them."),
+    401: error_response("Not logged in, or an unknown, revoked or expired token."),
+    403: error_response("Not allowed, or a limit refuses it (the limit and the numbers)."),
+    404: error_response("No such object, or not one you may act on."),
+    409: error_response("The slot is taken (the conflicting slots), or the reservation's state does not allow it."),
+    429: error_response("Too many requests for this token."),
+    503: error_response("The GPUs are busy with other bookings: retry shortly."),
 }
 READ_ERRORS = {code: ERRORS[code] for code in (400, 401, 404, 429)}

@@ -9,7 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from kernel.api import DomainError
-from kernel.api_schema import ERRORS
+from kernel.api_schema import ERRORS, error_response
 from nodes.agent_auth import AgentView
 from nodes.ingest import agent_events_record, agent_heartbeat_record, telemetry_record
 from nodes.ingest_serializers import (
@@ -60,7 +60,11 @@ class TelemetryView(AgentView):
         summary="Agent telemetry (node token)",
         tags=["agent"],
         request=TelemetrySerializer,
-        responses={200: StoredSerializer, **ERRORS},
+        responses={
+            200: StoredSerializer,
+            **ERRORS,
+            503: error_response("The portal is behind on storing telemetry: the report was not kept (Retry-After)."),
+        },
     )
     def post(self, request: Request) -> Response:
         samples, now = self.validated(TelemetrySerializer)["gpus"], timezone.now()
