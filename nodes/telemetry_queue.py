@@ -116,24 +116,26 @@ def telemetry_consume(*, limit: int | None = None) -> int:
 
 def _store(entries: list[Any]) -> None:
     """The entries' reports, together; if the database refuses the batch, one at a time, passing over
-    (and logging) those it refuses on their own. Each try is a savepoint: what a refused one wrote,
-    and what it would have done after commit, goes with it."""
-    reports = [_decode(fields) for _, fields in entries]
+    (and logging) those it refuses on their own, and any entry that cannot be read. Each try is a
+    savepoint: what a refused one wrote, and what it would have done after commit, goes with it."""
+    reports = []
+    for entry_id, fields in entries:
+        try:
+            reports.append((_text(entry_id), _decode(fields)))
+        except (ValueError, KeyError, TypeError):
+            logger.exception("telemetry entry %s cannot be read: passed over", _text(entry_id))
     try:
         with transaction.atomic():
-            telemetry_batch_record(reports)
+            telemetry_batch_record([report for _, report in reports])
         return
     except REFUSED:
-        if len(reports) == 1:
-            raise
-    for (entry_id, _), report in zip(entries, reports, strict=True):
+        logger.warning("the database refused a batch of %d telemetry reports: storing them one by one", len(reports))
+    for entry_id, report in reports:
         try:
             with transaction.atomic():
                 telemetry_batch_record([report])
         except REFUSED:
-            logger.exception(
-                "telemetry report %s of node %s refused by the database: passed over", _text(entry_id), report[0]
-            )
+            logger.exception("telemetry report %s of node %s refused by the database: passed over", entry_id, report[0])
 
 
 def _restart_behind(client: Any, mark: IngestMark) -> None:
@@ -148,7 +150,7 @@ def _restart_behind(client: Any, mark: IngestMark) -> None:
         return
     if _id(newest) < _id(mark.last_id):
         logger.warning(
-            "the telemetry queue restarted behind its mark (%s < %s): reading it from its start", newest, mark.last_id
+            "telemetry queue made again behind its mark (%s < %s): read from its start", newest, mark.last_id
         )
         IngestMark.objects.filter(stream=STREAM).update(last_id="")
 

@@ -423,3 +423,19 @@ def test_a_stream_made_again_behind_the_mark_is_read_from_its_start(db):
     assert telemetry_consume() == 0  # found behind the mark: read again from its start
     assert telemetry_consume() == 1
     assert GpuTelemetry.objects.filter(gpu=gpu0).exists()
+
+
+def test_a_refused_report_alone_in_its_batch_and_an_unreadable_entry_are_passed_over(db, caplog):
+    node = with_agent_state(node_with_gpus(2, name="gpu-batched"))
+    gpu0, gpu1 = Gpu.objects.filter(node=node).order_by("index")
+    redis_client().xadd(STREAM, {"something": "else"})  # no report in it
+    if connection.vendor == "postgresql":  # SQLite stores an integer of any size
+        telemetry_enqueue(node=node, samples=[sample(gpu1.uuid, memory_used_mib=2**31)], now=START)
+    telemetry_enqueue(node=node, samples=[sample(gpu0.uuid)], now=START + timedelta(seconds=5))
+
+    while telemetry_consume(limit=1):  # each alone in its batch
+        pass
+
+    assert telemetry_backlog() == 0
+    assert GpuTelemetry.objects.get(gpu=gpu0).utilization_pct == 87
+    assert "cannot be read: passed over" in caplog.text
