@@ -164,7 +164,8 @@ def test_in_a_zone_at_utc_the_calendar_shows_that_zone_s_today_and_now_not_the_b
     page.wait_for_timeout(200)
     grid = layout(page)
     after = local_now(zone)
-    assert_now_at_a_third(grid)
+    # Not "at a third": just after midnight nothing of the day lies before now (the evening test covers that).
+    assert grid["now"] is not None, "the now line is not in view"
     # The hour labels count from the zone's midnight; the now line is in the hour of the clock (either
     # side of the test's reading of it, in case an hour turned meanwhile; a pixel either side for
     # rounding on an hour's edge).
