@@ -29,6 +29,8 @@ HOST = "127.0.0.1"
 UNTHROTTLED = "100000000/minute"
 SERVER_START_TIMEOUT = 60.0
 REQUEST_TIMEOUT = 120.0
+# A server closed an idle keep-alive connection (uvicorn does after 5 s): the request goes once more, on a new one.
+STALE_CONNECTION = (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected)
 EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception): ")  # a traceback's last line
 
 
@@ -145,22 +147,17 @@ class Client:
         the answer's body."""
         body = json.dumps(payload).encode() if isinstance(payload, dict) else payload
         headers = self.headers | ({"Content-Type": "application/json"} if body is not None else {})
-        for attempt in (1, 2):
+        for retry in (True, False):
             try:
                 self.conn.request(method, path, body=body, headers=headers)
                 response = self.conn.getresponse()
                 return response.status, response.read()
-            except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
-                # The server closed an idle keep-alive connection (uvicorn does after 5 s): once more, on a new one.
+            except (OSError, http.client.HTTPException) as error:
                 self.conn.close()
                 self.conn = http.client.HTTPConnection(HOST, self.port, timeout=REQUEST_TIMEOUT)
-                if attempt == 2:
+                if not retry or not isinstance(error, STALE_CONNECTION):
                     raise
-            except (OSError, http.client.HTTPException):
-                self.conn.close()
-                self.conn = http.client.HTTPConnection(HOST, self.port, timeout=REQUEST_TIMEOUT)
-                raise
-        raise AssertionError("unreachable")
+        raise AssertionError("the loop returns or raises")
 
     def close(self) -> None:
         self.conn.close()

@@ -202,16 +202,17 @@ async def fan_out(clients: Clients, agents: list[Agent], args: argparse.Namespac
     last_client, deliveries, posts, missing = [], [], [], 0
     timed, others = agents[0], agents[1:]
     stop = threading.Event()
-    background = [threading.Thread(target=paced, args=(agent, args.load / len(others), stop)) for agent in others]
-    for thread in background if args.load else []:
+    background = [
+        threading.Thread(target=paced, args=(agent, args.load / len(others), stop)) for agent in others if args.load
+    ]
+    for thread in background:
         thread.start()
     for r in range(args.reports):
-        agent = timed
         marker = 1000.0 + r + 0.25
         text = f'"power_w":{marker}'
         clients.watch(text)
         sent = time.time()
-        posts.append(await loop.run_in_executor(None, agent.telemetry, marker))
+        posts.append(await loop.run_in_executor(None, timed.telemetry, marker))
         deadline = time.monotonic() + 15
         while len(clients.arrivals[text]) < args.clients and time.monotonic() < deadline:
             await asyncio.sleep(0.002)
@@ -222,7 +223,7 @@ async def fan_out(clients: Clients, agents: list[Agent], args: argparse.Namespac
             deliveries += [at - sent for at in arrivals]
         await asyncio.sleep(args.interval)
     stop.set()
-    for thread in background if args.load else []:
+    for thread in background:
         thread.join()
     load = f", {args.load:.0f} other reports a second meanwhile" if args.load else ""
     what = f"{args.clients} websocket clients ({args.reports} reports{load})"

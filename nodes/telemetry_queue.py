@@ -144,11 +144,8 @@ def _restart_behind(client: Any, mark: IngestMark) -> None:
     start rather than wait for the clock to catch up."""
     if not mark.last_id:
         return
-    try:
-        newest = _text(client.xinfo_stream(STREAM)["last-generated-id"])
-    except redis.ResponseError:  # no stream yet
-        return
-    if _id(newest) < _id(mark.last_id):
+    newest = _newest_id(client)
+    if newest is not None and _id(newest) < _id(mark.last_id):
         logger.warning(
             "telemetry queue made again behind its mark (%s < %s): read from its start", newest, mark.last_id
         )
@@ -158,15 +155,27 @@ def _restart_behind(client: Any, mark: IngestMark) -> None:
 def telemetry_backlog() -> int:
     """Reports queued and not yet stored (entries a consumer stored and could not trim are trimmed first)."""
     client = redis_client()
-    mark = IngestMark.objects.filter(stream=STREAM).values_list("last_id", flat=True).first()
+    mark = _stored_up_to()
     if mark:
-        try:
-            newest = _text(client.xinfo_stream(STREAM)["last-generated-id"])
-        except redis.ResponseError:  # no stream
+        newest = _newest_id(client)
+        if newest is None:  # no stream
             return 0
         if _id(mark) <= _id(newest):  # never trim a stream made again behind the mark
             _trim(client, mark)
     return int(client.xlen(STREAM))
+
+
+def _stored_up_to() -> str:
+    """The mark, read without a lock: the id of the last entry stored ("": none yet)."""
+    return IngestMark.objects.filter(stream=STREAM).values_list("last_id", flat=True).first() or ""
+
+
+def _newest_id(client: Any) -> str | None:
+    """The id the stream last gave an entry (None: there is no stream)."""
+    try:
+        return _text(client.xinfo_stream(STREAM)["last-generated-id"])
+    except redis.ResponseError:
+        return None
 
 
 def _id(entry_id: str) -> tuple[int, int]:
@@ -195,8 +204,7 @@ def telemetry_consume_forever(stop: threading.Event) -> None:
                 if taken < settings.TELEMETRY_BATCH_REPORTS:
                     stop.wait(max(0.0, began + settings.TELEMETRY_BATCH_WAIT_MS / 1000 - time.monotonic()))
                 continue
-            mark = IngestMark.objects.filter(stream=STREAM).values_list("last_id", flat=True).first()
-            client.xread({STREAM: mark or "0"}, count=1, block=WAIT_MS)
+            client.xread({STREAM: _stored_up_to() or "0"}, count=1, block=WAIT_MS)
         except MarkMoved:
             logger.info("another telemetry consumer stored a batch first; reading on from its mark")
         except Exception:

@@ -33,6 +33,25 @@ def database_url() -> str:
     return f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
+INGEST = [sys.executable, "manage.py", "consume_telemetry"]
+
+
+def ingest_environment(**environment: str) -> dict[str, str]:
+    """The environment of the ingest process (``INGEST``, queued telemetry) on the test database."""
+    return {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "TELEMETRY_INGEST": "queue",
+        **environment,
+    }
+
+
+def start_ingest(**environment: str) -> subprocess.Popen[bytes]:
+    """The ingest process, as the Procfile's "ingest", on the test database; its log goes to the test's."""
+    return subprocess.Popen(INGEST, cwd=ROOT, env=ingest_environment(**environment), stdout=subprocess.DEVNULL)  # noqa: S603
+
+
 class AsgiServer:
     def __init__(self, **environment: str) -> None:
         self.port = free_port()

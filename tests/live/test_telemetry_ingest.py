@@ -3,12 +3,7 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.db.models import Sum
 
@@ -16,7 +11,7 @@ from kernel.redis_client import redis_client
 from nodes.models import GpuMinute, GpuTelemetry
 from nodes.telemetry_queue import STREAM
 from tests.agent.harness import terminate, wait_for
-from tests.live.server import ROOT, AsgiServer, database_url, heartbeat, open_client, post_agent, telemetry
+from tests.live.server import AsgiServer, heartbeat, open_client, post_agent, start_ingest, telemetry
 
 
 @pytest.fixture
@@ -29,13 +24,6 @@ def queued_server(transactional_db):
     yield server
     server.stop()
     redis_client().delete(STREAM)
-
-
-def start_ingest() -> subprocess.Popen[bytes]:
-    env = os.environ | {"DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL, "TELEMETRY_INGEST": "queue"}
-    return subprocess.Popen(
-        [sys.executable, "manage.py", "consume_telemetry"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL
-    )
 
 
 def samples_stored(gpu) -> int:

@@ -4,10 +4,8 @@ each GPU's readings in order, a burst of 1,000 nodes absorbed, and a refusal whe
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -25,7 +23,7 @@ from nodes.liveness import nodes_mark_offline
 from nodes.models import AgentState, Gpu, GpuMinute, GpuTelemetry, IngestMark, Node
 from nodes.telemetry_queue import STREAM, MarkMoved, telemetry_backlog, telemetry_consume, telemetry_enqueue
 from tests.factories import node_with_gpus
-from tests.live.server import ROOT, database_url
+from tests.live.server import INGEST, ROOT, ingest_environment, start_ingest
 from tests.nodes.test_agent_reports import TELEMETRY, agent_client, sample
 from tests.race import at_once
 
@@ -319,14 +317,7 @@ def test_the_ingest_process_killed_mid_stream_loses_nothing_and_counts_nothing_t
     for step in range(reports):
         samples = [sample(uuid, utilization_pct=step % 101) for uuid in uuids]
         telemetry_enqueue(node=node, samples=samples, now=START + timedelta(seconds=step))
-    env = os.environ | {
-        "DATABASE_URL": database_url(),
-        "REDIS_URL": telemetry_queue.settings.REDIS_URL,
-        "TELEMETRY_INGEST": "queue",
-        "TELEMETRY_BATCH_REPORTS": "25",
-    }
-    command = [sys.executable, "manage.py", "consume_telemetry"]
-    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: S603
+    first = start_ingest(TELEMETRY_BATCH_REPORTS="25")
     try:
         deadline = time.monotonic() + 60
         while telemetry_backlog() > reports * 2 // 3 and time.monotonic() < deadline:
@@ -337,7 +328,8 @@ def test_the_ingest_process_killed_mid_stream_loses_nothing_and_counts_nothing_t
     left = telemetry_backlog()
     assert 0 < left < reports, f"the process was killed with {left} reports left"
 
-    subprocess.run([*command, "--once"], cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)  # noqa: S603
+    env = ingest_environment(TELEMETRY_BATCH_REPORTS="25")
+    subprocess.run([*INGEST, "--once"], cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)  # noqa: S603
 
     assert telemetry_backlog() == 0
     totals = GpuMinute.objects.aggregate(samples=Sum("samples"), utilization=Sum("utilization_sum"))
