@@ -91,25 +91,40 @@ class _TelemetryBatch:
     One message per report would make a page of 100 nodes (each reporting every 5 s) take 20
     messages a second, and a web process with 500 pages open send 10,000. The first report after
     a quiet spell goes at once; reports that arrive within the interval after a send wait for the
-    next one and go together, with the newest readings of each node only. Lives on the sender's
-    loop: only that thread touches it.
+    next one and go together, with the newest readings of each node only. A batch that comes spaced
+    already (``at_once``: the ingest process's, one per stored batch) goes at once, so a report does not
+    wait for two timers. Lives on the sender's loop: only that thread touches it.
     """
 
     def __init__(self) -> None:
         self.pending: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         self.last_sent = float("-inf")
         self.scheduled = False
+        self.sending: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak references
+        self.in_order = asyncio.Lock()  # first come, first sent: a node's newer readings never overtake its older
 
-    def add(self, node: str, admin: dict[str, Any], user: dict[str, Any]) -> None:
-        self.pending[node] = (admin, user)
-        if not self.scheduled:
+    def add(self, nodes: dict[str, tuple[dict[str, Any], dict[str, Any]]], at_once: bool) -> None:
+        self.pending.update(nodes)
+        loop = asyncio.get_running_loop()
+        if at_once:
+            self._flush_soon()
+        elif not self.scheduled:
             self.scheduled = True
-            loop = asyncio.get_running_loop()
             delay = max(0.0, self.last_sent + settings.LIVE_TELEMETRY_BATCH_MS / 1000 - loop.time())
-            loop.call_later(delay, lambda: loop.create_task(self.flush()))
+            loop.call_later(delay, self._due)
+
+    def _due(self) -> None:
+        self.scheduled = False
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        task = asyncio.get_running_loop().create_task(self.flush())
+        self.sending.add(task)
+        task.add_done_callback(self.sending.discard)
 
     async def flush(self) -> None:
-        self.scheduled = False
+        if not self.pending:  # sent already, by a batch that came at once
+            return
         self.last_sent = asyncio.get_running_loop().time()
         pending, self.pending = self.pending, {}
         messages = [
@@ -117,7 +132,8 @@ class _TelemetryBatch:
             for cut, group in enumerate((STATUS_ADMIN, STATUS_USER))
         ]
         try:
-            await _send_all(get_channel_layer(), messages)
+            async with self.in_order:
+                await _send_all(get_channel_layer(), messages)
         except Exception:
             logger.exception("live telemetry of %s not sent", ", ".join(pending))
 
@@ -125,10 +141,11 @@ class _TelemetryBatch:
 _telemetry = _TelemetryBatch()
 
 
-def send_telemetry(*, node: str, admin: dict[str, Any], user: dict[str, Any]) -> None:
-    """A node's new readings, in the admin and the researcher cut: batched (see _TelemetryBatch)."""
+def send_telemetry(nodes: dict[str, tuple[dict[str, Any], dict[str, Any]]], *, at_once: bool = False) -> None:
+    """Nodes' new readings, each in the admin and the researcher cut (node name -> (admin, user)), sent
+    together: batched, or at once when the caller spaces its sends itself (see _TelemetryBatch)."""
     if get_channel_layer() is not None:
-        _sender.call(_telemetry.add, node, admin, user)
+        _sender.call(_telemetry.add, nodes, at_once)
 
 
 def send_status(*, admin: dict[str, Any], user: dict[str, Any]) -> None:

@@ -162,6 +162,17 @@ class LiveConsumer(AsyncWebsocketConsumer):
 
     # --- from the channel layer ---------------------------------------------------------------
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels closes the stale database connections before every handler, by a hop to the one thread
+        # that sync code shares (channels.db.aclose_old_connections). A forward touches no database, and
+        # with 500 pages open those hops, one per page per update, took a quarter of a web process's CPU
+        # (a profile under bench/live.py) and queued every delivery behind that thread. The handlers that
+        # read the database do it through database_sync_to_async, which closes stale connections itself.
+        if message["type"] == "live.forward":
+            await self.live_forward(message)
+        else:
+            await super().dispatch(message)
+
     async def live_forward(self, event: dict[str, Any]) -> None:
         """A broadcast, already JSON (live.broadcast encodes once for every client)."""
         await self.send(text_data=event["text"])

@@ -97,13 +97,11 @@ def heartbeat_stored(sender: type, node: Node, cards_changed: bool, **kwargs: An
 
 
 @receiver(telemetry_received.on_commit)
-def readings_stored(sender: type, reports: list[TelemetryReport], **kwargs: Any) -> None:
+def readings_stored(sender: type, reports: list[TelemetryReport], queued: bool = False, **kwargs: Any) -> None:
     back = [report.node.pk for report in reports if report.came_back]
     if back:  # every card of these nodes changes, not only the readings
         broadcast_node_status(back)
-    for report in reports:
-        if report.node.pk not in back:
-            broadcast_telemetry(node=report.node, readings=report.readings, now=report.now)
+    broadcast_telemetry([report for report in reports if report.node.pk not in back], at_once=queued)
 
 
 @receiver(node_events_recorded.on_commit)

@@ -27,8 +27,8 @@ from django.utils import timezone
 
 from kernel.redis_client import redis_client
 from live import broadcast
+from nodes.ingest import TelemetryReport
 from nodes.liveness import nodes_mark_offline
-from nodes.models import GpuTelemetry, Node
 from reservations.fleet import fleet_status, for_viewer, nodes_at_boundaries, reading_data, reading_for_viewer
 
 logger = logging.getLogger(__name__)
@@ -104,17 +104,27 @@ def _send_node_status(node_ids: list[int] | None) -> None:
     )
 
 
-def broadcast_telemetry(*, node: Node, readings: list[GpuTelemetry], now: datetime) -> None:
-    """Once committed, send a node's new readings: the cards' other fields have not changed (a node
-    back from offline, a booking or a slot boundary sends its whole cards instead). Built from the
-    readings in hand, without a query: this runs for every report of every node."""
-    data = {reading.gpu_id: reading_data(reading) for reading in readings}
+def broadcast_telemetry(reports: list[TelemetryReport], *, at_once: bool = False) -> None:
+    """Once committed, send these reports' new readings in one message (the newest report of each node
+    wins): the cards' other fields have not changed (a node back from offline, a booking or a slot
+    boundary sends its whole cards instead). Built from the readings in hand, without a query: this runs
+    for every report of every node. The ingest process hands over its whole batch, already spaced
+    (``at_once``), so the pages get one message per batch; reports stored one by one by a web process are
+    spaced by live.broadcast._TelemetryBatch."""
+    nodes = {report.node.name: _telemetry_cuts(report) for report in reports}
+    if nodes:
+        transaction.on_commit(lambda: broadcast.send_telemetry(nodes, at_once=at_once))
+
+
+def _telemetry_cuts(report: TelemetryReport) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A report's readings in the admin and the researcher cut."""
+    data = {str(reading.gpu_id): reading_data(reading) for reading in report.readings}
 
     def cut(admin: bool) -> dict[str, Any]:
-        gpus = {str(gpu_id): reading_for_viewer(reading, admin) for gpu_id, reading in data.items()}
-        return {"last_seen": now.isoformat(), "gpus": gpus}
+        gpus = {gpu_id: reading_for_viewer(reading, admin) for gpu_id, reading in data.items()}
+        return {"last_seen": report.now.isoformat(), "gpus": gpus}
 
-    transaction.on_commit(lambda: broadcast.send_telemetry(node=node.name, admin=cut(True), user=cut(False)))
+    return cut(True), cut(False)
 
 
 def refresh_status(now: datetime | None = None) -> list[int]:

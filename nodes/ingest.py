@@ -230,7 +230,7 @@ def telemetry_record(*, node: Node, samples: Iterable[dict[str, Any]], now: date
 
 
 def telemetry_batch_record(
-    batch: Sequence[tuple[int, list[dict[str, Any]], datetime]],
+    batch: Sequence[tuple[int, list[dict[str, Any]], datetime]], *, queued: bool = False
 ) -> tuple[list[TelemetryReport], list[list[str]]]:
     """Store reports (node id, samples, received at), oldest first, in one transaction: each GPU's latest
     reading upserted once, the readings folded into their minutes (nodes/usage.py), the nodes' agent
@@ -240,7 +240,8 @@ def telemetry_batch_record(
     readings and the sparklines' history is appended.
 
     The web process calls this with one report at a time (TELEMETRY_INGEST=inline), the telemetry
-    consumer with all the reports waiting (nodes/telemetry_queue.py); the results are the same."""
+    consumer with all the reports waiting (nodes/telemetry_queue.py: ``queued``, its batches already spaced
+    TELEMETRY_BATCH_WAIT_MS apart); the results are the same."""
     node_ids = {node_id for node_id, _, _ in batch}
     nodes = Node.objects.in_bulk(node_ids)
     known: dict[int, dict[str, Gpu]] = {node_id: {} for node_id in node_ids}
@@ -281,7 +282,7 @@ def telemetry_batch_record(
         _mark_seen(previous, seen)
         usage_record(rows)
         if reports:
-            telemetry_received.send(sender=Node, reports=reports)
+            telemetry_received.send(sender=Node, reports=reports, queued=queued)
         # The sparklines' points once committed: a batch that rolls back and is stored again adds them once.
         points = [(row.gpu_id, row.at, row.utilization_pct) for row in rows]
         transaction.on_commit(lambda: history_record(points))

@@ -18,7 +18,8 @@ node_reported = PhasedSignal("node_reported")
 
 # Telemetry was stored: ``reports``, oldest first (nodes.ingest.TelemetryReport: node, readings (one
 # GpuTelemetry row per GPU), now, ``came_back``: the node was silent before, every card changes). One
-# report when the web process stores it, all those of a batch when the telemetry consumer does.
+# report when the web process stores it, all those of a batch when the telemetry consumer does (then
+# ``queued`` is true: such batches come TELEMETRY_BATCH_WAIT_MS apart at most once each, already spaced).
 telemetry_received = PhasedSignal("telemetry_received")
 
 # Agent events were stored. node, ``stored`` (NodeEvent rows written), ``acting`` (those that open or

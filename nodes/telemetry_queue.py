@@ -126,14 +126,14 @@ def _store(entries: list[Any]) -> None:
             logger.exception("telemetry entry %s cannot be read: passed over", _text(entry_id))
     try:
         with transaction.atomic():
-            telemetry_batch_record([report for _, report in reports])
+            telemetry_batch_record([report for _, report in reports], queued=True)
         return
     except REFUSED:
         logger.warning("the database refused a batch of %d telemetry reports: storing them one by one", len(reports))
     for entry_id, report in reports:
         try:
             with transaction.atomic():
-                telemetry_batch_record([report])
+                telemetry_batch_record([report], queued=True)
         except REFUSED:
             logger.exception("telemetry report %s of node %s refused by the database: passed over", entry_id, report[0])
 

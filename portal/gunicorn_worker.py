@@ -6,12 +6,13 @@ so the Redis pub/sub channel layer fans every broadcast out to all of them and t
 in Redis for all of them (docs/operations.md, "Scaling out"). ``scripts/run`` keeps one daphne process
 (portal/serve.py).
 
-Two things differ from uvicorn's defaults, on purpose:
+Three things differ from uvicorn's defaults, on purpose:
 - No proxy headers: the portal reads the client's address itself, ``NUM_PROXIES`` entries from the right of
   X-Forwarded-For (portal/settings.py); uvicorn rewriting it from the header first would let a client name
   its own address to the lockouts and rate limits.
 - The access log goes through the portal's logging (settings.LOGGING), like daphne's in portal/serve.py: the
   RedactSecrets filter takes calendar feed secrets out of the paths, and LOG_FORMAT=json applies.
+- No websocket compression (permessage-deflate): see CONFIG_KWARGS.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class PortalUvicornWorker(UvicornWorker):
         "proxy_headers": False,
         "server_header": False,
         "lifespan": "off",  # the portal has no startup or shutdown work; saying so spares a log line per process
+        # No permessage-deflate: every live update would be compressed once per open page (the same text 500
+        # times), which took a ninth of a web process's CPU under bench/live.py; the updates are small JSON.
+        "ws_per_message_deflate": False,
     }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -472,9 +472,10 @@ CHANNEL_LAYERS = {
         },
     }
 }
-# Telemetry reaches the pages in batches at most this often (live.broadcast._TelemetryBatch): the
-# first report after a quiet spell goes at once, a burst goes together.
-LIVE_TELEMETRY_BATCH_MS = envint("LIVE_TELEMETRY_BATCH_MS", 500)
+# Telemetry stored by a web process (TELEMETRY_INGEST=inline, or Redis away) reaches the pages in batches at
+# most this often (live.broadcast._TelemetryBatch): the first report after a quiet spell goes at once, a burst
+# goes together. The ingest process's batches are paced by TELEMETRY_BATCH_WAIT_MS instead.
+LIVE_TELEMETRY_BATCH_MS = envint("LIVE_TELEMETRY_BATCH_MS", 100)
 # How often a connection checks again that its user is still active and its token unrevoked.
 LIVE_RECHECK_SECONDS = envint("LIVE_RECHECK_SECONDS", 60)
 # How often beat refreshes the status pages: silent nodes turn offline (within this much more than
@@ -499,8 +500,8 @@ NOTIFY_CLAIM_SECONDS = envint("NOTIFY_CLAIM_SECONDS", 300)
 TELEMETRY_INGEST = envchoice("TELEMETRY_INGEST", "queue", ("queue", "inline"))
 TELEMETRY_BATCH_REPORTS = envint("TELEMETRY_BATCH_REPORTS", 500)
 # A caught-up ingest process gathers the next batch for this long after the last one began (a report after a
-# quiet spell is stored at once): fewer, larger transactions under a steady stream. The pages' own batching
-# (LIVE_TELEMETRY_BATCH_MS) is longer.
+# quiet spell is stored at once): fewer, larger transactions under a steady stream. Each stored batch goes to
+# the pages at once, as one message: this also paces the pages.
 TELEMETRY_BATCH_WAIT_MS = envint("TELEMETRY_BATCH_WAIT_MS", 100)
 TELEMETRY_QUEUE_MAX = envint("TELEMETRY_QUEUE_MAX", 100_000)
 # ... or past this much of Redis' memory (Redis' estimate): a report may carry up to 256 GPUs' processes.

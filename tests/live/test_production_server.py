@@ -1,7 +1,8 @@
 """The web server as the Dockerfile and docker-compose run it: gunicorn with uvicorn workers (portal/gunicorn_conf.py,
 portal/gunicorn_worker.py). Several processes on one port serve the API and the websockets; the access log goes
 through the portal's logging, so a calendar feed's secret is redacted from it; and the client's address is the
-connection's, X-Forwarded-For being the portal's to read (NUM_PROXIES), not the server's."""
+connection's, X-Forwarded-For being the portal's to read (NUM_PROXIES), not the server's; and websockets go
+uncompressed."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ def test_gunicorn_runs_its_processes_serves_api_and_websockets_and_logs_no_feed_
         watcher = open_client(server, token=live_lab["researcher_token"])
         snapshot = next(m for m in watcher.subscribe("status") if m["type"] == "nodes")
         assert "live-a100" in [node["name"] for node in snapshot["nodes"]]
+        # The client offered permessage-deflate (websockets does by default); the server declines it, so no
+        # update is compressed once per page (portal/gunicorn_worker.py).
+        handshake = watcher.websocket
+        assert "permessage-deflate" in handshake.request.headers["Sec-WebSocket-Extensions"]
+        assert "Sec-WebSocket-Extensions" not in handshake.response.headers
         watcher.close()
 
         feed = f"/feeds/1.mine.{SECRET}.ics"
