@@ -19,7 +19,8 @@ What it measures
        50 days after the time of loading, so some run now, some are past, some upcoming). One
        client, sequential requests, each URL ``--requests`` times after one warm-up request:
        GET /api/v1/gpus/ (default page of 100), /api/v1/gpus/?limit=1000,
-       /api/v1/reservations/?limit=100 and /api/v1/availability/?gpus=2&hours=4. Reported:
+       /api/v1/reservations/?limit=100, /api/v1/availability/?gpus=2&hours=4, and the calendar's data
+       (/api/v1/calendar/) for today, for this week of one node and for this week of every GPU. Reported:
        requests per second, p50/p99 latency, and the size of the answer.
 
     The data set is loaded with COPY (then ANALYZE) only when it is not there yet (1,000 GPUs,
@@ -102,6 +103,19 @@ READ_URLS = (
     "/api/v1/reservations/?limit=100",
     "/api/v1/availability/?gpus=2&hours=4",
 )
+
+
+def calendar_urls(now: datetime) -> tuple[str, ...]:
+    """The calendar data the calendar page loads around ``now`` (UTC): today's day view of every GPU, this
+    week's view of one node (40 GPUs), and this week of every GPU (1,000 rows, about 7,000 bookings)."""
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    week = day - timedelta(days=day.weekday())
+
+    def url(start: datetime, days: int, node: str = "") -> str:
+        end = start + timedelta(days=days)
+        return f"/api/v1/calendar/?start={start:%Y-%m-%dT%H:%M:%SZ}&end={end:%Y-%m-%dT%H:%M:%SZ}{node}"
+
+    return url(day, 1), url(week, 7, f"&node={NODE_PREFIX}00"), url(week, 7)
 
 
 # --- results --------------------------------------------------------------------------------
@@ -458,7 +472,8 @@ def print_context(args: argparse.Namespace, loaded: str) -> None:
 
 
 def run_benchmarks(args: argparse.Namespace, port: int, reader_token: str) -> list[Row]:
-    rows = [read_run(port, reader_token, path, args.requests) for path in READ_URLS]
+    paths = (*READ_URLS, *calendar_urls(datetime.now(UTC)))
+    rows = [read_run(port, reader_token, path, args.requests) for path in paths]
     for clients in args.levels:
         for _ in range(args.repeat):
             lanes = create_booking_lanes(clients)

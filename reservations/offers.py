@@ -59,8 +59,10 @@ def offer_create(
     with transaction.atomic():
         units = _load_gpus(_gpu_ids(gpus))
         node = _bookable_node(units)
-        _check_slot_free(node=node, gpus=units, start=start, end=end)
-        check_reserved_capacity(user=user, actor=user, node=node, gpus=units, start=start, end=end, now=now)
+        any_reserved = _check_slot_free(node=node, gpus=units, start=start, end=end)
+        check_reserved_capacity(
+            user=user, actor=user, node=node, gpus=units, start=start, end=end, now=now, any_reserved=any_reserved
+        )
         offer = Reservation.objects.create(
             user=user,
             node=node,

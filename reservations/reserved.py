@@ -155,13 +155,17 @@ def check_reserved_capacity(
     end: datetime,
     now: datetime,
     exclude_reservation_id: int | None = None,
+    any_reserved: bool | None = None,
 ) -> None:
     """Refuse ``user`` taking ``gpus`` (units of ``node``) over [start, end) where reserved capacity keeps it
     from them (ReservedConflict, a 409 naming the group, the GPUs and the window). Called in the booking
-    transaction after the user's and the cards' locks; it takes the windows' own locks when a count applies."""
+    transaction after the user's and the cards' locks; it takes the windows' own locks when a count applies.
+    ``any_reserved``: whether any ReservedCapacity row exists, where the caller asked already."""
     if getattr(actor, "is_booking_admin", False):
         return
-    if not ReservedCapacity.objects.exists():
+    if any_reserved is None:
+        any_reserved = ReservedCapacity.objects.exists()
+    if not any_reserved:
         return  # most sites reserve nothing: one cheap question instead of building the windows' query
     occurrences = reserved_overlapping(start=start, end=end, now=now, nodes=[node])
     if not occurrences:

@@ -38,7 +38,7 @@ from reservations.exceptions import (
     SlotConflict,
 )
 from reservations.limits import EffectiveLimits, Period, check_limits, effective_limits
-from reservations.models import Allocation, Reservation
+from reservations.models import Allocation, Reservation, ReservedCapacity
 from reservations.reserved import check_reserved_capacity
 from reservations.signals import reservation_changed
 from reservations.timegrid import ceil_to_grid, floor_to_grid, format_moment, format_period, require_in_calendar
@@ -214,7 +214,7 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
             )
         gpus = _load_gpus(gpu_ids)
         _bookable_node(gpus)
-        _check_slot_free(node=locked.node, gpus=gpus, start=locked.end, end=new_end, reservation=locked)
+        any_reserved = _check_slot_free(node=locked.node, gpus=gpus, start=locked.end, end=new_end, reservation=locked)
         # The added time as a booking of its own: reserved capacity of a group the owner is not in refuses it.
         check_reserved_capacity(
             user=locked.user,
@@ -225,6 +225,7 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
             end=new_end,
             now=now,
             exclude_reservation_id=locked.pk,
+            any_reserved=any_reserved,
         )
         limits = effective_limits(locked.user)
         if not actor.is_booking_admin:
@@ -330,8 +331,10 @@ def _check_booking(
     under the locks of ``_lock_booker``. ``also_held`` is what the user is about to hold besides their
     bookings (a series' earlier occurrences not written yet), counted by the limits. Reserved capacity
     (reservations/reserved.py) is checked after the slot, and may lock the node last."""
-    _check_slot_free(node=node, gpus=gpus, start=start, end=end)
-    check_reserved_capacity(user=user, actor=actor, node=node, gpus=gpus, start=start, end=end, now=now)
+    any_reserved = _check_slot_free(node=node, gpus=gpus, start=start, end=end)
+    check_reserved_capacity(
+        user=user, actor=actor, node=node, gpus=gpus, start=start, end=end, now=now, any_reserved=any_reserved
+    )
     if not actor.is_booking_admin:
         check_limits(
             limits=limits,
@@ -368,7 +371,7 @@ def _create_booking(
         created_at=now,
         **fields,
     )
-    _write_allocations(reservation, gpus)
+    _write_allocations(reservation, gpus, savepoint=False)  # inside _booking_transaction: see _guarded_by_constraint
     _changed(actor, "create", reservation, before=None, gpus=gpus)
     return reservation
 
@@ -490,13 +493,17 @@ def _unit_bookable(gpu: Gpu) -> bool:
 
 def _check_slot_free(
     *, node: Node, gpus: list[Gpu], start: datetime, end: datetime, reservation: Reservation | None = None
-) -> None:
-    # Asked first as yes/no, both in one query (no joins to build and read): most slots asked for are free.
+) -> bool:
+    """Refuse a slot under maintenance or taken. Returns whether the site has any reserved capacity at all,
+    asked in the same query for ``check_reserved_capacity``, which comes next."""
+    # Asked first as yes/no, all in one query (no joins to build and read): most slots asked for are free.
     maintenance = selectors.maintenance_overlapping(node=node, gpus=gpus, start=start, end=end)
     overlapping = selectors.allocations_overlapping(
         gpus=gpus, start=start, end=end, exclude_reservation_id=reservation.pk if reservation else None
     )
-    under_maintenance, taken = selectors.rows_exist(node, maintenance, overlapping)
+    under_maintenance, taken, any_reserved = selectors.rows_exist(
+        node, maintenance, overlapping, ReservedCapacity.objects.all()
+    )
     windows = list(maintenance) if under_maintenance else []
     if windows:
         described = "; ".join(
@@ -520,6 +527,7 @@ def _check_slot_free(
     clashes = list(overlapping) if taken else []
     if clashes:  # (asked again: one cancelled in between leaves nothing to name, and the constraint guards)
         raise _conflict(clashes)
+    return bool(any_reserved)
 
 
 # How a clash's status reads in a refusal ("... by alice (reservation #12, pending)").
@@ -766,37 +774,63 @@ def _lock_cards(gpu_ids: list[int], *, load: bool = False) -> list[Gpu]:
     return []
 
 
-def _write_allocations(reservation: Reservation, gpus: list[Gpu]) -> None:
+def _write_allocations(reservation: Reservation, gpus: list[Gpu], *, savepoint: bool = True) -> None:
     rows = [
         Allocation(reservation=reservation, gpu=gpu, start=reservation.start, end=reservation.end).place(gpu)
         for gpu in gpus
     ]
-    _guarded_by_constraint(lambda: Allocation.objects.bulk_create(rows), gpus, reservation)
+    _guarded_by_constraint(lambda: Allocation.objects.bulk_create(rows), gpus, reservation, savepoint=savepoint)
 
 
 def _extend_allocations(reservation: Reservation, gpus: list[Gpu], new_end: datetime) -> None:
     _guarded_by_constraint(lambda: reservation.allocations.update(end=new_end), gpus, reservation)
 
 
-def _guarded_by_constraint(write: Callable[[], object], gpus: list[Gpu], reservation: Reservation) -> None:
+class _RefusedByConstraint(Exception):
+    """The exclusion constraint refused a write made without a savepoint of its own: the transaction is
+    aborted, so ``_booking_transaction`` names the booking that won the race once it has rolled back."""
+
+    def __init__(self, gpus: list[Gpu], start: datetime, end: datetime) -> None:
+        super().__init__("the exclusion constraint refused the allocations")
+        self.gpus, self.start, self.end = gpus, start, end
+
+
+def _guarded_by_constraint(
+    write: Callable[[], object], gpus: list[Gpu], reservation: Reservation, *, savepoint: bool = True
+) -> None:
     """Run ``write``; if the exclusion constraint refuses it, raise the same SlotConflict the
-    check would have raised (with the slot that won the race named)."""
+    check would have raised (with the slot that won the race named).
+
+    ``savepoint=False`` spares the two statements of a savepoint where a refusal ends the whole booking
+    transaction anyway (a booking or a series, inside ``_booking_transaction``, which explains it after the
+    rollback); a caller that goes on after a refusal (an offer tries the next slot) keeps it."""
     try:
-        with transaction.atomic():
+        if savepoint:
+            with transaction.atomic():
+                write()
+        else:
             write()
     except IntegrityError as exc:
         if getattr(exc.__cause__, "sqlstate", None) != "23P01":
             raise
-        clashes = list(
-            selectors.allocations_overlapping(
-                gpus=gpus, start=reservation.start, end=reservation.end, exclude_reservation_id=reservation.pk
-            )
+        if not savepoint:
+            raise _RefusedByConstraint(gpus, reservation.start, reservation.end) from exc
+        raise _slot_taken(gpus, reservation.start, reservation.end, exclude_reservation_id=reservation.pk) from exc
+
+
+def _slot_taken(
+    gpus: list[Gpu], start: datetime, end: datetime, *, exclude_reservation_id: int | None = None
+) -> SlotConflict:
+    clashes = list(
+        selectors.allocations_overlapping(
+            gpus=gpus, start=start, end=end, exclude_reservation_id=exclude_reservation_id
         )
-        raise (
-            _conflict(clashes)
-            if clashes
-            else SlotConflict("Slot taken: another booking of these GPUs was saved at the same moment.")
-        ) from exc
+    )
+    return (
+        _conflict(clashes)
+        if clashes
+        else SlotConflict("Slot taken: another booking of these GPUs was saved at the same moment.")
+    )
 
 
 # lock_not_available (lock_timeout), deadlock_detected.
@@ -820,3 +854,5 @@ def _booking_transaction() -> Iterator[None]:
         if getattr(exc.__cause__, "sqlstate", None) in _BUSY_SQLSTATES or "database is locked" in str(exc):
             raise BookingBusy("The GPUs are busy with other bookings right now; try again in a moment.") from exc
         raise
+    except _RefusedByConstraint as refused:  # rolled back by now: the winner's booking is there to be named
+        raise _slot_taken(refused.gpus, refused.start, refused.end) from refused.__cause__

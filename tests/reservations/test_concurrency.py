@@ -77,8 +77,9 @@ def test_control_without_the_lock_the_race_is_real_and_the_constraint_holds(race
     real_check = services._check_slot_free
 
     def check_then_wait(**kwargs):
-        real_check(**kwargs)
+        any_reserved = real_check(**kwargs)
         passed_check.wait()
+        return any_reserved
 
     def cards_unlocked(gpu_ids, *, load=False):
         return list(Gpu.objects.select_related("node").filter(pk__in=gpu_ids).order_by("pk")) if load else []
@@ -92,6 +93,25 @@ def test_control_without_the_lock_the_race_is_real_and_the_constraint_holds(race
     assert outcomes == Counter({"booked": 1, "conflict": ATTEMPTS - 1})
     assert Reservation.objects.count() == 1
     assert _no_overlap_in_table(gpus[0])
+
+
+def test_a_booking_the_constraint_refuses_names_the_one_that_won_and_leaves_nothing(alice, gpus, base, monkeypatch):
+    """As for a racer whose check ran just before the winner committed: the constraint refuses the write, the
+    booking's transaction rolls back (no savepoint of its own), and the refusal names the winner, looked up
+    after the rollback."""
+    winner = services.reservation_create(user=alice, gpus=[gpus[0]], start=base, end=base + timedelta(hours=2))
+    late = UserFactory(username="late")
+    monkeypatch.setattr(services, "_check_slot_free", lambda **kwargs: False)  # its check saw nothing yet
+
+    with pytest.raises(SlotConflict) as refused:
+        services.reservation_create(
+            user=late, gpus=[gpus[0]], start=base + timedelta(hours=1), end=base + timedelta(hours=3)
+        )
+
+    assert f"by alice (reservation #{winner.pk})" in refused.value.message
+    assert [c["reservation"] for c in refused.value.details["conflicts"]] == [winner.pk]
+    assert list(Reservation.objects.values_list("pk", flat=True)) == [winner.pk]
+    assert not Reservation.objects.filter(user=late).exists()
 
 
 def test_the_constraint_refuses_an_overlap_written_around_the_service(alice, gpus, base):
