@@ -123,19 +123,21 @@ class _TelemetryBatch:
         task.add_done_callback(self.sending.discard)
 
     async def flush(self) -> None:
-        if not self.pending:  # sent already, by a batch that came at once
-            return
-        self.last_sent = asyncio.get_running_loop().time()
-        pending, self.pending = self.pending, {}
-        messages = [
-            (group, encode({"type": "telemetry", "nodes": {node: cuts[cut] for node, cuts in pending.items()}}))
-            for cut, group in enumerate((STATUS_ADMIN, STATUS_USER))
-        ]
-        try:
-            async with self.in_order:
-                await _send_all(get_channel_layer(), messages)
-        except Exception:
-            logger.exception("live telemetry of %s not sent", ", ".join(pending))
+        # The readings are taken under the lock: batches that came while a send was slow go together, in
+        # order, once it is done; a send that hangs (Redis away) is given up after the sender's timeout.
+        async with self.in_order:
+            if not self.pending:  # sent already, by a batch that came at once
+                return
+            self.last_sent = asyncio.get_running_loop().time()
+            pending, self.pending = self.pending, {}
+            messages = [
+                (group, encode({"type": "telemetry", "nodes": {node: cuts[cut] for node, cuts in pending.items()}}))
+                for cut, group in enumerate((STATUS_ADMIN, STATUS_USER))
+            ]
+            try:
+                await asyncio.wait_for(_send_all(get_channel_layer(), messages), _Sender.TIMEOUT)
+            except Exception:
+                logger.exception("live telemetry of %s not sent", ", ".join(pending))
 
 
 _telemetry = _TelemetryBatch()

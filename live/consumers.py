@@ -168,7 +168,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
         # with 500 pages open those hops, one per page per update, took a quarter of a web process's CPU
         # (a profile under bench/live.py) and queued every delivery behind that thread. The handlers that
         # read the database do it through database_sync_to_async, which closes stale connections itself.
-        if message["type"] == "live.forward":
+        if message.get("type") == "live.forward":
             await self.live_forward(message)
         else:
             await super().dispatch(message)

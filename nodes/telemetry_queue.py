@@ -133,7 +133,7 @@ def _store(entries: list[Any]) -> None:
     for entry_id, report in reports:
         try:
             with transaction.atomic():
-                telemetry_batch_record([report], queued=True)
+                telemetry_batch_record([report])  # one by one: the pages' own batching spaces them
         except REFUSED:
             logger.exception("telemetry report %s of node %s refused by the database: passed over", entry_id, report[0])
 

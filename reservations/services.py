@@ -87,6 +87,7 @@ def reservation_create(
             end=end,
             purpose=purpose,
             now=now,
+            alone=True,
         )
     return reservation
 
@@ -356,9 +357,13 @@ def _create_booking(
     end: datetime,
     purpose: str,
     now: datetime,
+    alone: bool = False,
     **fields: Any,
 ) -> Reservation:
-    """Write a checked booking (pending where the node or the limits need an admin) and announce it."""
+    """Write a checked booking (pending where the node or the limits need an admin) and announce it. ``alone``:
+    the only booking its ``_booking_transaction`` writes, so a refusal by the exclusion constraint needs no
+    savepoint to be explained (see _guarded_by_constraint); a series' occurrences keep theirs, so that an
+    occurrence refused for overlapping an earlier one of the same series names it."""
     needs_approval = not actor.is_booking_admin and _approval_required(node, limits)
     reservation = Reservation.objects.create(
         user=user,
@@ -371,7 +376,7 @@ def _create_booking(
         created_at=now,
         **fields,
     )
-    _write_allocations(reservation, gpus, savepoint=False)  # inside _booking_transaction: see _guarded_by_constraint
+    _write_allocations(reservation, gpus, savepoint=not alone)
     _changed(actor, "create", reservation, before=None, gpus=gpus)
     return reservation
 
@@ -802,8 +807,9 @@ def _guarded_by_constraint(
     check would have raised (with the slot that won the race named).
 
     ``savepoint=False`` spares the two statements of a savepoint where a refusal ends the whole booking
-    transaction anyway (a booking or a series, inside ``_booking_transaction``, which explains it after the
-    rollback); a caller that goes on after a refusal (an offer tries the next slot) keeps it."""
+    transaction anyway and nothing else it wrote could be the clash (a single booking, inside
+    ``_booking_transaction``, which explains it after the rollback); callers that go on after a refusal (an
+    offer tries the next slot) or write several bookings (a series) keep it."""
     try:
         if savepoint:
             with transaction.atomic():

@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from reservations.exceptions import InvalidBooking, NotAllowed
+from reservations.exceptions import InvalidBooking, NotAllowed, SlotConflict
 from reservations.models import Limit, MaintenanceWindow, Reservation, Series
 from reservations.series import (
     BOOKABLE,
@@ -313,3 +313,8 @@ def test_a_stored_rule_that_dst_now_makes_overlap_still_expands_and_books_the_re
     series_book_due()  # beat's daily run goes on, for this series and every other one
 
     assert len(series_occurrences(series)) == 4  # its page shows it
+    # Booked on its own, the overlap is refused naming the occurrence it overlaps (refused by the exclusion
+    # constraint inside the series' transaction: the earlier occurrence is there to be named).
+    with pytest.raises(SlotConflict) as refused:
+        series_book_within_reach(series=series, actor=alice)
+    assert "by alice (reservation #" in refused.value.message
