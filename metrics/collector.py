@@ -103,6 +103,14 @@ class FleetCollector(Collector):
         )
         age = _gauge("gpubook_gpu_reading_age_seconds", "Seconds since the GPU's last telemetry reading.", GPU_LABELS)
         processes = _gauge("gpubook_gpu_processes", "Processes using the GPU at its last reading.", GPU_LABELS)
+        # No holder label: a counter's series must not change name with each booking.
+        energy = CounterMetricFamily(
+            "gpubook_gpu_energy_joules",
+            "Energy the GPU used: its NVML counter (source=counter), or its power readings added up by the agent "
+            "where the card has none (source=power). Starts again from 0 when the driver reloads (source=power: "
+            "when the agent restarts), which rate() and increase() take as a counter reset.",
+            labels=[*GPU_LABELS[:2], "source"],
+        )
         readings = {name: _gauge(name, documentation, GPU_LABELS) for name, documentation, _, _ in READINGS}
         slices = _gauge(
             "gpubook_mig_slice_held_gpus",
@@ -135,10 +143,14 @@ class FleetCollector(Collector):
                     if telemetry[field] is not None:
                         readings[name].add_metric(labels, convert(telemetry[field]))
                 processes.add_metric(labels, len(telemetry["processes"]))
+                if telemetry["energy_mj"] is not None:
+                    source = "power" if telemetry["energy_estimated"] else "counter"
+                    energy.add_metric([node["name"], gpu, source], telemetry["energy_mj"] / 1000)
         yield info
         yield state
         yield from readings.values()
         yield processes
+        yield energy
         yield age
         yield slices
         yield GaugeMetricFamily(

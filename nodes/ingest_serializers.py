@@ -139,6 +139,17 @@ class SampleSerializer(serializers.Serializer):
     ecc_errors_uncorrected = serializers.IntegerField(allow_null=True, required=False, min_value=0, max_value=2**62)
     processes = ProcessSerializer(many=True, max_length=4096)  # type: ignore[call-arg]
     missing = serializers.ListField(child=serializers.CharField(max_length=40), required=False, max_length=20)
+    # Agents before energy reporting send neither (gpubook_agent/gpus/energy.py).
+    energy_mj = serializers.IntegerField(
+        allow_null=True,
+        required=False,
+        min_value=0,
+        max_value=2**62,
+        help_text="The card's energy counter in mJ: grows until a driver reload (or, estimated, an agent restart).",
+    )
+    energy_estimated = serializers.BooleanField(
+        required=False, default=False, help_text="The counter is the card's power readings added up (no counter)."
+    )
 
 
 class TelemetrySerializer(serializers.Serializer):

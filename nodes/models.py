@@ -220,6 +220,13 @@ class GpuTelemetry(models.Model):
     power_w = models.FloatField(null=True)
     ecc_errors_uncorrected = models.PositiveBigIntegerField(null=True)
     processes = models.JSONField(default=list, help_text="[{pid, user, used_memory_mib}]")
+    energy_mj = models.PositiveBigIntegerField(
+        null=True,
+        help_text="The card's energy counter (mJ): grows until a driver reload or, estimated, an agent restart.",
+    )
+    energy_estimated = models.BooleanField(
+        null=True, help_text="The counter is the card's power readings added up by the agent (the card keeps none)."
+    )
 
     # The measured values, as agents report them and pages show them (processes aside).
     READINGS = (
@@ -230,6 +237,8 @@ class GpuTelemetry(models.Model):
         "slowdown_temperature_c",
         "power_w",
         "ecc_errors_uncorrected",
+        "energy_mj",
+        "energy_estimated",
     )
 
     class Meta:

@@ -169,6 +169,9 @@ class GpuReading(TypedDict):
     ecc_errors_uncorrected: int | None
     processes: list[ProcessReading]
     missing: list[str]
+    # Agents before energy reporting leave these out (the portal takes none then).
+    energy_mj: NotRequired[int | None]
+    energy_estimated: NotRequired[bool]
 
 
 class Telemetry(TypedDict):

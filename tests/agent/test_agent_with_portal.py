@@ -123,6 +123,9 @@ def test_a_booking_opens_the_gpu_on_its_node_and_a_release_closes_it(lab, unix_u
     assert wait_for(lambda: AgentState.objects.filter(node=lab.node, applied_version__gte=2).exists(), 15, 0.2)
     granted = NodeEvent.objects.get(node=lab.node, kind="granted")
     assert (granted.gpu, granted.user, granted.reservation_id) == (lab.gpus[1], person.name, booking.pk)
+    # The simulated cards' energy counters arrive with their readings, measured (not estimated).
+    assert not GpuTelemetry.objects.filter(gpu__node=lab.node, energy_mj=None).exists()
+    assert not GpuTelemetry.objects.filter(gpu__node=lab.node, energy_estimated=True).exists()
 
 
 def test_deactivating_a_person_closes_their_gpu_within_seconds(lab, unix_users):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ class FakeGpu:
     temperature: int = 51
     slowdown: int = 88
     power_mw: int = 123_456
+    energy_mj: int = 987_654_321  # since the driver loaded
     ecc: int = 0
     compute: list[tuple[int, int | None]] = field(default_factory=list)
     graphics: list[tuple[int, int | None]] = field(default_factory=list)
@@ -70,6 +72,7 @@ class FakeMig(FakeGpu):
             "nvmlDeviceGetTemperature",
             "nvmlDeviceGetTemperatureThreshold",
             "nvmlDeviceGetPowerUsage",
+            "nvmlDeviceGetTotalEnergyConsumption",
             "nvmlDeviceGetTotalEccErrors",
             "nvmlDeviceGetMinorNumber",
         )
@@ -182,6 +185,10 @@ class FakeNvml:
     def nvmlDeviceGetPowerUsage(self, gpu: FakeGpu) -> int:
         self._check("nvmlDeviceGetPowerUsage", gpu)
         return gpu.power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetTotalEnergyConsumption", gpu)
+        return gpu.energy_mj
 
     def nvmlDeviceGetTotalEccErrors(self, gpu: FakeGpu, error_type: int, counter_type: int) -> int:
         self._check("nvmlDeviceGetTotalEccErrors", gpu)
@@ -416,6 +423,7 @@ def test_a_sample_reads_every_supported_field(nvml, tmp_path):
     assert (sample.temperature_c, sample.slowdown_temperature_c) == (51, 88)
     assert sample.power_w == pytest.approx(123.456)
     assert sample.ecc_errors_uncorrected == 2
+    assert (sample.energy_mj, sample.energy_estimated) == (987_654_321, False)  # the card's own counter
     assert sample.missing == ()
 
 
@@ -430,6 +438,26 @@ def test_unsupported_fields_are_none_and_named_missing_and_the_rest_still_read(n
     assert (sample.memory_used_mib, sample.memory_total_mib) == (0, 24576)
     assert (sample.temperature_c, sample.slowdown_temperature_c) == (51, 88)
     assert sample.processes == ()
+
+
+def test_a_card_without_an_energy_counter_reports_its_power_added_up_marked_estimated(nvml, tmp_path):
+    """Cards before Volta have no total-energy counter (NOT_SUPPORTED): the agent adds up their power readings
+    instead (gpus/energy.py), from 0 at its first reading, and says the figure is estimated, not missing."""
+    nvml.gpus[1].failing["nvmlDeviceGetTotalEnergyConsumption"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    backend = open_backend("nvml", device_dir=str(tmp_path), node_name="gpu-a100")
+    first = _by_uuid(backend)[UUID_A]
+    time.sleep(0.05)
+    second = _by_uuid(backend)[UUID_A]
+    # A card with neither a counter nor power readings (B here, whose power is NOT_SUPPORTED) has no energy.
+    nvml.gpus[0].failing["nvmlDeviceGetTotalEnergyConsumption"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    neither = _by_uuid(backend)[UUID_B]
+    backend.close()
+
+    assert (first.energy_mj, first.energy_estimated) == (0, True)
+    assert second.energy_estimated and 123.456 * 0.05 * 1000 <= second.energy_mj < 123.456 * 5 * 1000
+    assert "energy_mj" not in first.missing + second.missing
+    assert (neither.energy_mj, neither.energy_estimated) == (None, False)
+    assert "energy_mj" in neither.missing
 
 
 def test_any_nvml_error_only_costs_its_own_field(nvml, tmp_path):
@@ -699,7 +727,9 @@ def test_each_slice_is_sampled_on_its_own_handle(mig_nvml, tmp_path):
         "slowdown_temperature_c",
         "power_w",
         "ecc_errors_uncorrected",
+        "energy_mj",  # NVML counts energy per card
     }
+    assert sample.energy_mj is None
 
 
 def test_without_profile_information_a_slice_is_named_from_its_attributes(mig_nvml, tmp_path):

@@ -343,6 +343,7 @@ def test_a_job_on_a_slice_is_a_process_holding_its_capability_files(device_dir, 
     assert samples[three_g.uuid].memory_total_mib == 40960
     assert 60 <= samples[three_g.uuid].utilization_pct <= 100
     assert samples[three_g.uuid].power_w is None and "power_w" in samples[three_g.uuid].missing
+    assert samples[three_g.uuid].energy_mj is None and "energy_mj" in samples[three_g.uuid].missing  # per card
 
 
 def test_a_card_whose_mig_mode_is_off_lists_no_slices(device_dir):

@@ -74,9 +74,10 @@ def lab(clock, alice, bob, carol):
     """At 10:30 on the test Monday:
 
     - gpu-a100 (4 GPUs, online, its agent 5 s ago, lease version 5 of which it applied 3, clock 0.25 s
-      ahead): GPU 0 held by alice since 10:00 (approved, until 11:00), fresh reading with 1 process;
-      GPU 1 drained, fresh reading; GPU 2 a reading 2 minutes old (stale); GPU 3 never read. alice has
-      another approved booking on GPU 1 at 12:00 (upcoming).
+      ahead): GPU 0 held by alice since 10:00 (approved, until 11:00), fresh reading with 1 process and
+      its energy counter; GPU 1 drained, fresh reading, energy estimated from power; GPU 2 a reading 2
+      minutes old (stale); GPU 3 never read. alice has another approved booking on GPU 1 at 12:00
+      (upcoming).
     - gpu-v100 (2 GPUs, needs approval, offline: silent for 10 minutes, its reading as old): bob's
       pending booking of GPU 0 from 10:00 to 12:00 (running), and another at 14:00 (upcoming).
     """
@@ -97,9 +98,9 @@ def lab(clock, alice, bob, carol):
     )  # fmt: skip
     AgentState.objects.create(node=v100, last_seen=now - timedelta(minutes=10), applied_version=2)
     reading(a[0], age=timedelta(seconds=5), utilization_pct=81, memory_used_mib=1024, temperature_c=70,
-            slowdown_temperature_c=90, power_w=300.5, ecc_errors_uncorrected=0,
-            processes=[{"pid": 4242, "user": "alice", "used_memory_mib": 1000}])  # fmt: skip
-    reading(a[1], age=timedelta(seconds=5), utilization_pct=0)
+            slowdown_temperature_c=90, power_w=300.5, ecc_errors_uncorrected=0, energy_mj=7_200_000_123,
+            energy_estimated=False, processes=[{"pid": 4242, "user": "alice", "used_memory_mib": 1000}])  # fmt: skip
+    reading(a[1], age=timedelta(seconds=5), utilization_pct=0, energy_mj=55_000, energy_estimated=True)
     reading(a[2], age=timedelta(minutes=2), utilization_pct=99)
     reading(v[0], age=timedelta(minutes=10), utilization_pct=77)
     gpu_drain(gpu=a[1], reason="processes of bob could not be ended (pids 7)")

@@ -30,6 +30,16 @@ def test_a_held_gpu_has_its_readings_labelled_with_node_gpu_and_holder(scrape):
     assert value(text, "gpubook_gpu_state", **gpu0, state="free") == 0
 
 
+def test_energy_is_a_counter_in_joules_labelled_by_its_source_and_not_by_holder(scrape):
+    text = scrape()
+    assert value(text, "gpubook_gpu_energy_joules_total", node="gpu-a100", gpu="0", source="counter") == 7_200_000.123
+    assert value(text, "gpubook_gpu_energy_joules_total", node="gpu-a100", gpu="1", source="power") == 55
+    assert "# TYPE gpubook_gpu_energy_joules_total counter" in text
+    # A GPU without an energy reading, and a stale one, export none.
+    assert value(text, "gpubook_gpu_energy_joules_total", node="gpu-a100", gpu="2", source="counter") is None
+    assert value(text, "gpubook_gpu_energy_joules_total", node="gpu-a100", gpu="2", source="power") is None
+
+
 def test_a_free_gpu_has_an_empty_holder_and_no_reading_the_card_does_not_report(scrape):
     text = scrape()
     gpu1 = {"node": "gpu-a100", "gpu": "1", "holder": ""}

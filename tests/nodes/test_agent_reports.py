@@ -112,6 +112,21 @@ def test_telemetry_keeps_the_latest_reading_and_missing_fields_as_null(node, gpu
     assert (latest.utilization_pct, latest.power_w, latest.processes[0]["user"]) == (3, None, "alice")
 
 
+def test_telemetry_keeps_the_energy_counter_and_an_older_agent_without_one_stores_none(node, gpus):
+    client = agent_client(node)
+    measured = sample(gpus[0].uuid, energy_mj=5_400_000_000, energy_estimated=False)
+    estimated = sample(gpus[1].uuid, energy_mj=12_345, energy_estimated=True)
+    response = client.post(
+        TELEMETRY, {"sent_at": timezone.now().isoformat(), "gpus": [measured, estimated]}, format="json"
+    )
+    assert response.status_code == 200, response.json()
+    # An agent from before energy reporting sends neither field.
+    client.post(TELEMETRY, {"sent_at": timezone.now().isoformat(), "gpus": [sample(gpus[2].uuid)]}, format="json")
+
+    stored = {row.gpu_id: (row.energy_mj, row.energy_estimated) for row in GpuTelemetry.objects.all()}
+    assert stored == {gpus[0].pk: (5_400_000_000, False), gpus[1].pk: (12_345, True), gpus[2].pk: (None, False)}
+
+
 @pytest.mark.parametrize(
     ("endpoint", "body", "field"),
     [
@@ -122,6 +137,9 @@ def test_telemetry_keeps_the_latest_reading_and_missing_fields_as_null(node, gpu
         (EVENTS, {"events": [{"kind": "granted", "at": "2030-01-07T09:00:00Z"}] * 501}, "events"),
         (TELEMETRY, {"sent_at": "2030-01-07T09:00:00Z", "gpus": [sample("GPU-x", utilization_pct=101)]}, "gpus"),
         (TELEMETRY, {"sent_at": "2030-01-07T09:00:00Z", "gpus": "all"}, "gpus"),
+        (TELEMETRY, {"sent_at": "2030-01-07T09:00:00Z", "gpus": [sample("GPU-x", energy_mj=-1)]}, "gpus"),
+        (TELEMETRY, {"sent_at": "2030-01-07T09:00:00Z", "gpus": [sample("GPU-x", energy_mj=2**63)]}, "gpus"),
+        (TELEMETRY, {"sent_at": "2030-01-07T09:00:00Z", "gpus": [sample("GPU-x", energy_mj="lots")]}, "gpus"),
     ],
 )
 def test_bad_reports_are_refused_with_the_field_named_and_nothing_stored(node, endpoint, body, field):

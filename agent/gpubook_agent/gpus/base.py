@@ -44,6 +44,10 @@ class GpuSample:
     ecc_errors_uncorrected: int | None
     processes: tuple[GpuProcess, ...]
     missing: tuple[str, ...]
+    # The card's energy counter (mJ; grows until a reset: gpus/energy.py); ``energy_estimated`` when it is the
+    # power readings added up because the card has no counter. None on a MIG slice: NVML counts per card.
+    energy_mj: int | None = None
+    energy_estimated: bool = False
 
     def as_dict(self) -> GpuReading:
         """JSON-ready, as reported to the portal (lists, not tuples)."""
@@ -58,6 +62,8 @@ class GpuSample:
             "ecc_errors_uncorrected": self.ecc_errors_uncorrected,
             "processes": [{"pid": p.pid, "used_memory_mib": p.used_memory_mib} for p in self.processes],
             "missing": list(self.missing),
+            "energy_mj": self.energy_mj,
+            "energy_estimated": self.energy_estimated,
         }
 
 

@@ -30,6 +30,7 @@ import pynvml
 
 from gpubook_agent.gpus import mig
 from gpubook_agent.gpus.base import BackendUnavailable, GpuInfo, GpuProcess, GpuSample
+from gpubook_agent.gpus.energy import PowerIntegral
 from gpubook_agent.gpus.gpm import GpmMeter
 from gpubook_agent.gpus.mig import MigCardInfo, MigSliceInfo
 
@@ -86,6 +87,7 @@ class NvmlBackend:
         self._layout: list[MigCardInfo] = []
         self._slice_handles: dict[str, Any] = {}
         self._gpm = GpmMeter()
+        self._power_integral = PowerIntegral()  # for cards without an energy counter
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as error:
@@ -394,6 +396,11 @@ class NvmlBackend:
             "slowdown_temperature_c",
         )
         power = read(lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, "power_w")
+        energy = read(lambda: int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)), "energy_mj")
+        estimated = False
+        if energy is None and power is not None:  # no counter on this card (before Volta): its power added up
+            energy, estimated = self._power_integral.add(uuid, power), True
+            missing.remove("energy_mj")
         ecc = read(
             lambda: int(
                 pynvml.nvmlDeviceGetTotalEccErrors(
@@ -414,6 +421,8 @@ class NvmlBackend:
             ecc_errors_uncorrected=ecc,
             processes=processes,
             missing=tuple(missing),
+            energy_mj=energy,
+            energy_estimated=estimated,
         )
 
     def _processes(self, uuid: str, handle: Any, missing: list[str]) -> tuple[GpuProcess, ...]:

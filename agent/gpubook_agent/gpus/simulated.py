@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from gpubook_agent import procfs
 from gpubook_agent.gpus import mig
 from gpubook_agent.gpus.base import BackendUnavailable, GpuInfo, GpuProcess, GpuSample
+from gpubook_agent.gpus.energy import PowerIntegral
 from gpubook_agent.gpus.mig import MigCardInfo, MigSliceInfo
 
 # What a card is when the config does not say (every card of a node is the same model).
@@ -262,6 +263,7 @@ class SimulatedBackend:
         self._paths = {gpu.uuid: os.path.join(device_dir, f"nvidia{gpu.minor}") for gpu in self._gpus}
         _create_device_files(device_dir, self._paths.values())
         self._ticks = itertools.count()
+        self._energy = PowerIntegral()  # the cards' energy counters: their simulated power over real time
         self.node_name = node_name
         self.caps_dir = caps_dir or os.path.join(device_dir, "nvidia-caps")
         self.mig_minors_file = mig_minors_file or os.path.join(device_dir, "mig-minors")
@@ -394,12 +396,13 @@ class SimulatedBackend:
             power_w=None,
             ecc_errors_uncorrected=None,
             processes=tuple(GpuProcess(pid=pid, used_memory_mib=each) for pid in pids),
-            missing=("temperature_c", "slowdown_temperature_c", "power_w", "ecc_errors_uncorrected"),
+            missing=("temperature_c", "slowdown_temperature_c", "power_w", "ecc_errors_uncorrected", "energy_mj"),
         )
 
     def _sample_one(self, gpu: GpuInfo, pids: list[int], tick: int) -> GpuSample:
         utilization = busy_utilization(len(pids), gpu.index, tick)
         each = process_mib(self.memory_mib, len(pids))
+        power = round(self.idle_w + (self.full_w - self.idle_w) * utilization / 100, 1)
         return GpuSample(
             uuid=gpu.uuid,
             utilization_pct=utilization,
@@ -407,11 +410,16 @@ class SimulatedBackend:
             memory_total_mib=self.memory_mib,
             temperature_c=IDLE_C + (FULL_C - IDLE_C) * utilization // 100,
             slowdown_temperature_c=SLOWDOWN_C,
-            power_w=round(self.idle_w + (self.full_w - self.idle_w) * utilization / 100, 1),
+            power_w=power,
             ecc_errors_uncorrected=0,
             processes=tuple(GpuProcess(pid=pid, used_memory_mib=each) for pid in pids),
             missing=(),
+            energy_mj=self._energy.add(gpu.uuid, power),  # the card's own counter, as NVML's: not estimated
         )
+
+    def reset_energy(self, uuid: str) -> None:
+        """Start a card's energy counter again from zero, as a driver reload does (tests, the demo)."""
+        self._energy.reset(uuid)
 
     def close(self) -> None:
         """Nothing to release; the device files stay, with whatever ACLs they carry."""
