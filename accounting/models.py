@@ -34,6 +34,10 @@ class UsageHour(models.Model):
     utilization_sum = models.PositiveIntegerField(help_text="Sum of the readings' utilisation (%).")
     utilization_samples = models.PositiveIntegerField()
     memory_used_max_mib = models.PositiveIntegerField(null=True)
+    energy_mj = models.PositiveBigIntegerField(
+        null=True, help_text="Energy the GPU used in these minutes (nodes/energy.py); none without a counter."
+    )
+    energy_estimated = models.BooleanField(default=False, help_text="Part of that energy is estimated.")
 
     class Meta:
         indexes = [

@@ -63,12 +63,14 @@ def rollup(*, since: datetime, until: datetime) -> int:
         )
         .values("gpu_id", "in_hour", "held_by", "holder_id")
         .annotate(
-            minutes=Count("id"),
+            minutes=Count("id", filter=Q(samples__gt=0)),  # a minute with energy alone had no reading
             measured=Count("id", filter=Q(utilization_samples__gt=0)),
             used_minutes=Count("id", filter=used),
             utilization=Sum("utilization_sum"),
             samples=Sum("utilization_samples"),
             memory=Max("memory_used_max_mib"),
+            energy=Sum("energy_mj"),
+            energy_estimated=Count("id", filter=Q(energy_estimated=True)),
         )
         .order_by()
     )
@@ -84,6 +86,8 @@ def rollup(*, since: datetime, until: datetime) -> int:
             utilization_sum=row["utilization"] or 0,
             utilization_samples=row["samples"] or 0,
             memory_used_max_mib=row["memory"],
+            energy_mj=row["energy"],
+            energy_estimated=row["energy_estimated"] > 0,
         )
         for row in hours
     ]

@@ -27,6 +27,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from nodes.energy import counters_before, energy_minutes
 from nodes.history import history_record
 from nodes.liveness import node_online
 from nodes.mig import mig_layout_record
@@ -276,11 +277,13 @@ def telemetry_batch_record(
             reports.append(TelemetryReport(node=nodes[node_id], readings=readings, now=now, came_back=came_back))
         rows = [reading for report in reports for reading in report.readings]
         latest = {reading.gpu_id: reading for reading in rows}  # each GPU's last reading of the batch
+        counting = {row.gpu_id for row in rows if row.energy_mj is not None}
+        energy = energy_minutes(rows, counters_before(counting)) if counting else None
         GpuTelemetry.objects.bulk_create(
             latest.values(), update_conflicts=True, unique_fields=["gpu"], update_fields=["at", *TELEMETRY_FIELDS]
         )
         _mark_seen(previous, seen)
-        usage_record(rows)
+        usage_record(rows, energy)
         if reports:
             telemetry_received.send(sender=Node, reports=reports, queued=queued)
         # The sparklines' points once committed: a batch that rolls back and is stored again adds them once.

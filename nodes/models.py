@@ -251,7 +251,8 @@ class GpuTelemetry(models.Model):
 
 class GpuMinute(models.Model):
     """Telemetry down-sampled to one row per GPU per minute (nodes/usage.py): what a slot's usage
-    summary, idle detection and usage reports read. Kept TELEMETRY_MINUTES_KEEP_DAYS."""
+    summary, idle detection and usage reports read. Kept TELEMETRY_MINUTES_KEEP_DAYS. A minute between two
+    readings far apart may have energy and no sample (``samples`` 0: nodes/energy.py spreads the energy)."""
 
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
     minute = models.DateTimeField(help_text="The minute (UTC) the samples fell in.")
@@ -260,6 +261,12 @@ class GpuMinute(models.Model):
     utilization_sum = models.PositiveIntegerField(default=0)
     memory_used_max_mib = models.PositiveIntegerField(null=True)
     temperature_max_c = models.SmallIntegerField(null=True)
+    energy_mj = models.PositiveBigIntegerField(
+        null=True, help_text="Energy used in the minute, from the card's counter (nodes/energy.py)."
+    )
+    energy_estimated = models.BooleanField(
+        default=False, help_text="Part of the minute's energy is estimated: a counter reset, a gap, no counter."
+    )
 
     class Meta:
         verbose_name = "GPU minute"

@@ -20,7 +20,7 @@ from django.db.models import Count, F, Max, Q, Sum
 from nodes.models import GpuMinute, GpuTelemetry
 
 _TABLE = GpuMinute._meta.db_table
-ROWS_PER_STATEMENT = 1000  # 7,000 parameters: within SQLite's and PostgreSQL's limits
+ROWS_PER_STATEMENT = 1000  # 9,000 parameters: within SQLite's and PostgreSQL's limits
 
 
 def _larger(column: str) -> str:
@@ -30,36 +30,45 @@ def _larger(column: str) -> str:
     return f"{function}(COALESCE({stored}, {new}), COALESCE({new}, {stored}))"
 
 
-def usage_record(readings: Iterable[GpuTelemetry]) -> None:
-    """Fold readings (GPU, time, values) into their GPUs' minutes. Readings of one GPU in one minute
-    are added up first: one upsert cannot touch a row twice."""
+def usage_record(
+    readings: Iterable[GpuTelemetry], energy: dict[tuple[int, datetime], tuple[int, bool]] | None = None
+) -> None:
+    """Fold readings (GPU, time, values) into their GPUs' minutes, with ``energy`` ((GPU, minute) -> (mJ,
+    estimated): nodes/energy.py), which may name minutes no reading fell in. Readings of one GPU in one
+    minute are added up first: one upsert cannot touch a row twice."""
     minutes: dict[tuple[int, datetime], list[Any]] = {}
     for reading in readings:
         key = (reading.gpu_id, reading.at.replace(second=0, microsecond=0))
         has_utilization = reading.utilization_pct is not None
-        row = minutes.setdefault(key, [0, 0, 0, None, None])
+        row = minutes.setdefault(key, [0, 0, 0, None, None, None, False])
         row[0] += 1
         row[1] += int(has_utilization)
         row[2] += reading.utilization_pct or 0
         row[3] = _max(row[3], reading.memory_used_mib)
         row[4] = _max(row[4], reading.temperature_c)
+    for key, (used_mj, estimated) in (energy or {}).items():
+        row = minutes.setdefault(key, [0, 0, 0, None, None, None, False])
+        row[5], row[6] = used_mj, estimated
     rows = [(*key, *values) for key, values in minutes.items()]
     for start in range(0, len(rows), ROWS_PER_STATEMENT):
         _upsert_minutes(rows[start : start + ROWS_PER_STATEMENT])
 
 
 def _upsert_minutes(rows: list[tuple[Any, ...]]) -> None:
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(rows))
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(rows))
     # Only constants are formatted in (the table, column names); every value is a parameter.
     sql = (
         f"INSERT INTO {_TABLE} (gpu_id, minute, samples, utilization_samples, utilization_sum, "  # noqa: S608
-        f"memory_used_max_mib, temperature_max_c) VALUES {values} "
+        f"memory_used_max_mib, temperature_max_c, energy_mj, energy_estimated) VALUES {values} "
         f"ON CONFLICT (gpu_id, minute) DO UPDATE SET "
         f"samples = {_TABLE}.samples + excluded.samples, "
         f"utilization_samples = {_TABLE}.utilization_samples + excluded.utilization_samples, "
         f"utilization_sum = {_TABLE}.utilization_sum + excluded.utilization_sum, "
         f"memory_used_max_mib = {_larger('memory_used_max_mib')}, "
-        f"temperature_max_c = {_larger('temperature_max_c')}"
+        f"temperature_max_c = {_larger('temperature_max_c')}, "
+        f"energy_mj = CASE WHEN excluded.energy_mj IS NULL THEN {_TABLE}.energy_mj "
+        f"ELSE COALESCE({_TABLE}.energy_mj, 0) + excluded.energy_mj END, "
+        f"energy_estimated = ({_TABLE}.energy_estimated OR excluded.energy_estimated)"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [value for row in rows for value in row])
@@ -93,12 +102,12 @@ def usage_during(gpu_ids: Iterable[int], start: datetime, end: datetime) -> Usag
     totals = GpuMinute.objects.filter(
         gpu_id__in=list(gpu_ids), minute__gte=start.replace(second=0, microsecond=0), minute__lt=end
     ).aggregate(
-        samples=Sum("utilization_samples"),
+        measured=Sum("utilization_samples"),
         total=Sum("utilization_sum"),
         peak=Max("memory_used_max_mib"),
-        minutes=Count("minute", distinct=True),
+        minutes=Count("minute", distinct=True, filter=Q(samples__gt=0)),  # not minutes with energy alone
     )
-    samples = totals["samples"] or 0
+    samples = totals["measured"] or 0
     return Usage(
         mean_utilization_pct=(totals["total"] / samples) if samples else None,
         peak_memory_mib=totals["peak"],

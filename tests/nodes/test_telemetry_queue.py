@@ -56,7 +56,8 @@ def scenario(node: Node) -> list[tuple[datetime, list[dict]]]:
     """Three minutes of a two-GPU node every 20 s (three reports a minute): utilisation moving, GPU 1
     reporting none at times and no memory or temperature for a whole minute and for one report, GPU 0
     running hot for four reports (an alert opens) and cooling down (it resolves), a user's processes
-    coming and going."""
+    coming and going; GPU 0's energy counter growing 100 W until it starts again (a driver reload) at the
+    seventh report, GPU 1's an estimated one (its power added up by the agent)."""
     gpu0, gpu1 = Gpu.objects.filter(node=node).order_by("index")
     reports = []
     for step in range(9):
@@ -65,13 +66,20 @@ def scenario(node: Node) -> list[tuple[datetime, list[dict]]]:
             (
                 START + timedelta(seconds=20 * step),
                 [
-                    sample(gpu0.uuid, utilization_pct=10 * step, temperature_c=90 if hot else 60 + step),
+                    sample(
+                        gpu0.uuid,
+                        utilization_pct=10 * step,
+                        temperature_c=90 if hot else 60 + step,
+                        energy_mj=1_000_000 + 2_000_000 * step if step <= 5 else 500_000 * (step - 5),
+                    ),
                     sample(
                         gpu1.uuid,
                         utilization_pct=None if step % 3 == 0 else 100 - step,
                         memory_used_mib=None if step in (3, 4, 5, 7) else 1000 * step,
                         temperature_c=None if step in (0, 1, 2, 8) else 61,
                         processes=[] if step % 2 else [{"pid": 7, "user": "alice", "used_memory_mib": 100}],
+                        energy_mj=10_000 * step,
+                        energy_estimated=True,
                     ),
                 ],
             )
@@ -91,6 +99,8 @@ def outcome(node: Node) -> dict:
             m.utilization_sum,
             m.memory_used_max_mib,
             m.temperature_max_c,
+            m.energy_mj,
+            m.energy_estimated,
         )
         for m in GpuMinute.objects.filter(gpu__node=node)
     )
@@ -135,15 +145,17 @@ def test_a_batch_stores_what_each_report_stored_at_once_would(db, django_capture
     expected, got = outcome(inline), outcome(batched)
     assert got == expected
     minute = START.replace(second=0)
-    # (GPU, minute, samples, with utilisation, utilisation sum, peak memory, peak temperature): NULL where a
-    # whole minute had none, the others' peak where one reading had none.
+    # (GPU, minute, samples, with utilisation, utilisation sum, peak memory, peak temperature, energy, estimated):
+    # NULL where a whole minute had none, the others' peak where one reading had none. Energy: each 20 s
+    # interval's split by the time it spent in each minute (09:00:45-09:01:05: 15 s and 5 s); GPU 0's reset
+    # at 09:02:05 counts the 500 J since, spread over 09:01:45-09:02:05 and marks both minutes estimated.
     assert got["minutes"] == [
-        (0, minute, 3, 3, 30, 2048, 62),
-        (0, minute + timedelta(minutes=1), 3, 3, 120, 2048, 90),
-        (0, minute + timedelta(minutes=2), 3, 3, 210, 2048, 90),
-        (1, minute, 3, 2, 197, 2000, None),
-        (1, minute + timedelta(minutes=1), 3, 2, 191, None, 61),
-        (1, minute + timedelta(minutes=2), 3, 2, 185, 8000, 61),
+        (0, minute, 3, 3, 30, 2048, 62, 5_500_000, False),
+        (0, minute + timedelta(minutes=1), 3, 3, 120, 2048, 90, 4_875_000, True),
+        (0, minute + timedelta(minutes=2), 3, 3, 210, 2048, 90, 1_125_000, True),
+        (1, minute, 3, 2, 197, 2000, None, 27_500, True),
+        (1, minute + timedelta(minutes=1), 3, 2, 191, None, 61, 30_000, True),
+        (1, minute + timedelta(minutes=2), 3, 2, 185, 8000, 61, 22_500, True),
     ]
     assert [value for _, value in got["history"][1]] == [99, 98, 96, 95, 93, 92]
     # The scenario did what it says: an alert opened and resolved, minutes with and without utilisation.
