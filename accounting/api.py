@@ -71,6 +71,15 @@ class UsageRowSerializer(serializers.Serializer):
         help_text="Bookings that ended with utilisation readings but not one used minute."
     )
     no_show_gpu_hours = serializers.FloatField()
+    energy_kwh = serializers.FloatField(
+        allow_null=True, help_text="Energy the booked GPUs used (their cards' counters); null without readings."
+    )
+    idle_energy_kwh = serializers.FloatField(
+        allow_null=True, help_text="Of that, the energy of measured minutes under the used threshold."
+    )
+    energy_estimated = serializers.BooleanField(
+        help_text="Part of the energy is estimated: a counter reset, readings far apart, or a card without a counter."
+    )
 
 
 class UsageReportSerializer(serializers.Serializer):
@@ -80,6 +89,7 @@ class UsageReportSerializer(serializers.Serializer):
     used_threshold_pct = serializers.IntegerField()
     rows = UsageRowSerializer(many=True)
     has_unmeasured = serializers.BooleanField(help_text="Whether any row has unmeasured GPU-hours.")
+    has_energy = serializers.BooleanField(help_text="Whether any row has energy figures.")
     total = UsageRowSerializer(allow_null=True, help_text="Null when rows may overlap (by group).")
 
 
@@ -106,6 +116,7 @@ def report_payload(*, start: datetime, end: datetime, by: str, viewer: Any) -> d
         "used_threshold_pct": settings.USAGE_USED_THRESHOLD_PCT,
         "rows": [row.as_dict() for row in report.rows],
         "has_unmeasured": report.has_unmeasured,
+        "has_energy": report.has_energy,
         "total": None if by == "group" else report.total.as_dict(),
     }
 

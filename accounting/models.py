@@ -37,6 +37,9 @@ class UsageHour(models.Model):
     energy_mj = models.PositiveBigIntegerField(
         null=True, help_text="Energy the GPU used in these minutes (nodes/energy.py); none without a counter."
     )
+    idle_energy_mj = models.PositiveBigIntegerField(
+        null=True, help_text="Of that, the energy of minutes measured below USAGE_USED_THRESHOLD_PCT (idle)."
+    )
     energy_estimated = models.BooleanField(default=False, help_text="Part of that energy is estimated.")
 
     class Meta:

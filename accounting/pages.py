@@ -30,6 +30,9 @@ CSV_COLUMNS = (
     ("released_early", "released early"),
     ("no_shows", "no-shows"),
     ("no_show_gpu_hours", "no-show GPU-hours"),
+    ("energy_kwh", "energy kWh"),
+    ("idle_energy_kwh", "idle energy kWh"),
+    ("energy_estimated", "energy estimated"),
 )
 
 

@@ -8,6 +8,9 @@ For each row (a person, a group, a node or a GPU):
 - unmeasured GPU-hours: minutes reported without any utilisation reading: MIG slices on cards
   NVML cannot measure per slice (no GPM: A100, A30), neither used nor idle as far as anyone knows;
 - efficiency: used / (booked - unmeasured), the share of the time that could be judged;
+- energy: kWh the booked GPUs used (their cards' energy counters: nodes/energy.py), and of that the kWh of
+  measured minutes under the threshold (idle); estimated where a counter reset, a gap or a card without a
+  counter made any part of it so. MIG slices have none of their own yet: NVML counts energy per card;
 - released early: bookings released before their end during the period;
 - no-shows: bookings that ended in the period with utilisation readings from their GPUs but not
   one used minute. A booking whose node reported no utilisation is not counted either way:
@@ -37,6 +40,7 @@ from django.utils import timezone
 
 from accounting.models import UsageHour
 from nodes.models import Gpu, Node, card_share
+from nodes.usage import MJ_PER_KWH
 from reservations.models import Allocation, Reservation
 
 Status = Reservation.Status
@@ -62,6 +66,15 @@ class ReportRow:
     released_early: int = 0
     no_shows: int = 0
     no_show_gpu_hours: float = 0.0
+    energy_kwh: float | None = None
+    idle_energy_kwh: float | None = None
+    energy_estimated: bool = False
+
+    def add_energy(self, kwh: float | None, idle_kwh: float | None, estimated: bool) -> None:
+        if kwh is not None:
+            self.energy_kwh = (self.energy_kwh or 0.0) + kwh
+            self.idle_energy_kwh = (self.idle_energy_kwh or 0.0) + (idle_kwh or 0.0)
+            self.energy_estimated = self.energy_estimated or estimated
 
     @property
     def efficiency(self) -> float | None:
@@ -80,6 +93,9 @@ class ReportRow:
             "released_early": self.released_early,
             "no_shows": self.no_shows,
             "no_show_gpu_hours": round(self.no_show_gpu_hours, 2),
+            "energy_kwh": None if self.energy_kwh is None else round(self.energy_kwh, 3),
+            "idle_energy_kwh": None if self.idle_energy_kwh is None else round(self.idle_energy_kwh, 3),
+            "energy_estimated": self.energy_estimated,
         }
 
 
@@ -95,6 +111,10 @@ class Report:
         return any(row.unmeasured_gpu_hours > 0 for row in self.rows)
 
     @property
+    def has_energy(self) -> bool:
+        return any(row.energy_kwh is not None for row in self.rows)
+
+    @property
     def total(self) -> ReportRow:
         total = ReportRow(key=None, label="All")
         if self.by == "group":  # a person in two groups appears in both: a sum would count them twice
@@ -107,6 +127,7 @@ class Report:
             total.released_early += row.released_early
             total.no_shows += row.no_shows
             total.no_show_gpu_hours += row.no_show_gpu_hours
+            total.add_energy(row.energy_kwh, row.idle_energy_kwh, row.energy_estimated)
         return total
 
 
@@ -118,6 +139,10 @@ SHARE = {"unit_slices": F("gpu__compute_slices"), "card_slices": F("gpu__parent_
 def share_of(item: Mapping[str, Any]) -> float:
     """The share of a card a row grouped by ``SHARE`` counts as."""
     return float(card_share(item["unit_slices"], item["card_slices"]))
+
+
+def kwh(mj: int | None) -> float | None:
+    return None if mj is None else mj / MJ_PER_KWH
 
 
 def _hours(value: timedelta | None) -> float:
@@ -170,6 +195,18 @@ def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: d
         target, share = row(used_item["key"]), share_of(used_item)
         target.used_gpu_hours += (used_item["used"] or 0) / 60 * share
         target.unmeasured_gpu_hours += (used_item["unmeasured"] or 0) / 60 * share
+
+    # Energy is the card's, whole: not weighted by share (a MIG slice reports none of its own).
+    for energy in (
+        usage.values(key=F(_USAGE_KEY[by]))
+        .annotate(
+            energy=Sum("energy_mj"),
+            idle=Sum("idle_energy_mj"),
+            estimated=Count("pk", filter=Q(energy_estimated=True)),
+        )
+        .order_by()
+    ):
+        row(energy["key"]).add_energy(kwh(energy["energy"]), kwh(energy["idle"]), energy["estimated"] > 0)
 
     measured = UsageHour.objects.filter(reservation=OuterRef("reservation"), minutes_measured__gt=0)
     used = UsageHour.objects.filter(reservation=OuterRef("reservation"), used_minutes__gt=0)

@@ -2,7 +2,8 @@
 
 The same figures as the usage report (accounting/report.py), for one booking: booked GPU-hours up to
 now (approved time only, a released booking until its release), used and unmeasured GPU-hours from the
-rolled-up ``UsageHour`` rows, and the efficiency over the time that could be judged.
+rolled-up ``UsageHour`` rows, the efficiency over the time that could be judged, and the energy its GPUs used
+(kWh, and of that in idle minutes).
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Max, Sum
+from django.db.models import Count, Max, Q, Sum
 
 from accounting.models import UsageHour
-from accounting.report import SHARE, share_of
+from accounting.report import SHARE, kwh, share_of
 from reservations.models import Reservation
 
 
@@ -29,6 +30,9 @@ def reservation_usage(*, reservation: Reservation, viewer: Any, now: datetime) -
         utilization_samples=Sum("utilization_samples"),
         peak_mib=Max("memory_used_max_mib"),
         last_hour=Max("hour"),
+        energy=Sum("energy_mj"),
+        idle_energy=Sum("idle_energy_mj"),
+        energy_estimated=Count("pk", filter=Q(energy_estimated=True)),
     )
     if not totals["reported"] and reservation.status in (Reservation.Status.CANCELLED, Reservation.Status.REJECTED):
         return None
@@ -59,6 +63,9 @@ def reservation_usage(*, reservation: Reservation, viewer: Any, now: datetime) -
         "efficiency": min(1.0, used / judged) if judged > 0 else None,
         "mean_utilization_pct": totals["utilization_sum"] / samples if samples else None,
         "peak_memory_gb": None if totals["peak_mib"] is None else totals["peak_mib"] / 1024,
+        "energy_kwh": kwh(totals["energy"]),
+        "idle_energy_kwh": kwh(totals["idle_energy"]) or 0.0,
+        "energy_estimated": bool(totals["energy_estimated"]),
         "last_hour": totals["last_hour"],
         "threshold_pct": settings.USAGE_USED_THRESHOLD_PCT,
         "rollup_minutes": max(1, round(settings.USAGE_ROLLUP_SECONDS / 60)),

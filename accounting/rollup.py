@@ -70,6 +70,7 @@ def rollup(*, since: datetime, until: datetime) -> int:
             samples=Sum("utilization_samples"),
             memory=Max("memory_used_max_mib"),
             energy=Sum("energy_mj"),
+            idle_energy=Sum("energy_mj", filter=Q(utilization_samples__gt=0) & ~used),
             energy_estimated=Count("id", filter=Q(energy_estimated=True)),
         )
         .order_by()
@@ -87,6 +88,7 @@ def rollup(*, since: datetime, until: datetime) -> int:
             utilization_samples=row["samples"] or 0,
             memory_used_max_mib=row["memory"],
             energy_mj=row["energy"],
+            idle_energy_mj=row["idle_energy"],
             energy_estimated=row["energy_estimated"] > 0,
         )
         for row in hours

@@ -20,6 +20,7 @@ from django.db.models import Count, F, Max, Q, Sum
 from nodes.models import GpuMinute, GpuTelemetry
 
 _TABLE = GpuMinute._meta.db_table
+MJ_PER_KWH = 3_600_000_000
 ROWS_PER_STATEMENT = 1000  # 9,000 parameters: within SQLite's and PostgreSQL's limits
 
 
@@ -85,6 +86,17 @@ class Usage:
     mean_utilization_pct: float | None
     peak_memory_mib: int | None
     minutes_reported: int
+    energy_mj: int | None = None  # the cards' energy (nodes/energy.py); None without a counter
+    idle_energy_mj: int | None = None  # of that, in minutes measured under USAGE_USED_THRESHOLD_PCT
+    energy_estimated: bool = False
+
+    @property
+    def energy_kwh(self) -> float | None:
+        return None if self.energy_mj is None else self.energy_mj / MJ_PER_KWH
+
+    @property
+    def idle_energy_kwh(self) -> float:
+        return (self.idle_energy_mj or 0) / MJ_PER_KWH
 
     @property
     def peak_memory_gb(self) -> float | None:
@@ -98,7 +110,8 @@ def busy_minutes(threshold_pct: float) -> Q:
 
 
 def usage_during(gpu_ids: Iterable[int], start: datetime, end: datetime) -> Usage:
-    """Mean utilisation (over every sample of every GPU) and peak memory in [start, end)."""
+    """Mean utilisation (over every sample of every GPU), peak memory and energy in [start, end)."""
+    idle = Q(utilization_samples__gt=0) & ~busy_minutes(settings.USAGE_USED_THRESHOLD_PCT)
     totals = GpuMinute.objects.filter(
         gpu_id__in=list(gpu_ids), minute__gte=start.replace(second=0, microsecond=0), minute__lt=end
     ).aggregate(
@@ -106,12 +119,18 @@ def usage_during(gpu_ids: Iterable[int], start: datetime, end: datetime) -> Usag
         total=Sum("utilization_sum"),
         peak=Max("memory_used_max_mib"),
         minutes=Count("minute", distinct=True, filter=Q(samples__gt=0)),  # not minutes with energy alone
+        energy=Sum("energy_mj"),
+        idle_energy=Sum("energy_mj", filter=idle),
+        estimated=Count("minute", filter=Q(energy_estimated=True)),
     )
     samples = totals["measured"] or 0
     return Usage(
         mean_utilization_pct=(totals["total"] / samples) if samples else None,
         peak_memory_mib=totals["peak"],
         minutes_reported=totals["minutes"] or 0,
+        energy_mj=totals["energy"],
+        idle_energy_mj=totals["idle_energy"],
+        energy_estimated=bool(totals["estimated"]),
     )
 
 

@@ -19,9 +19,9 @@ pytestmark = pytest.mark.usefixtures("clock")
 DAY_START, DAY_END = at(-9), at(15)  # Monday 2030-01-07, 00:00 to 24:00 UTC
 
 
-def minutes(gpu, first, count, utilization):
+def minutes(gpu, first, count, utilization, energy_mj=None, estimated=False):
     """``count`` minutes of readings from ``first``; ``utilization`` None: readings without one, as a MIG slice on a
-    card without GPM sends."""
+    card without GPM sends; ``energy_mj`` a minute's energy, if any."""
     measured = 0 if utilization is None else 12
     GpuMinute.objects.bulk_create(
         GpuMinute(
@@ -31,6 +31,8 @@ def minutes(gpu, first, count, utilization):
             utilization_samples=measured,
             utilization_sum=measured * (utilization or 0),
             memory_used_max_mib=1000,
+            energy_mj=energy_mj,
+            energy_estimated=estimated,
         )
         for i in range(count)
     )
@@ -40,7 +42,8 @@ def minutes(gpu, first, count, utilization):
 def day(clock, alice, bob, carol, gpus):
     """Monday: alice uses one of her two GPUs for one of two hours, releases a later booking
     half-way (after using it); bob books four hours and never uses them; carol's booking has no
-    readings at all (so nobody can tell)."""
+    readings at all (so nobody can tell). Energy: alice's busy GPU draws 300 W, her idle one 60 W;
+    bob's idle one 30 W, estimated; her later booking's card keeps no counter."""
     vision, nlp = Group.objects.create(name="vision"), Group.objects.create(name="nlp")
     alice.groups.add(vision)
     bob.groups.add(vision, nlp)
@@ -48,9 +51,9 @@ def day(clock, alice, bob, carol, gpus):
     idle = book(bob, [gpus[2]], at(4), at(8))  # 13:00-17:00
     unknown = book(carol, [gpus[3]], at(1), at(2))  # 10:00-11:00
     later = book(alice, [gpus[3]], at(5), at(7))  # 14:00-16:00
-    minutes(gpus[0], at(1), 60, utilization=80)
-    minutes(gpus[1], at(1), 120, utilization=2)  # under the 10 % threshold
-    minutes(gpus[2], at(4), 240, utilization=0)
+    minutes(gpus[0], at(1), 60, utilization=80, energy_mj=18_000_000)  # 300 W x 60 s
+    minutes(gpus[1], at(1), 120, utilization=2, energy_mj=3_600_000)  # under the 10 % threshold
+    minutes(gpus[2], at(4), 240, utilization=0, energy_mj=1_800_000, estimated=True)
     minutes(gpus[3], at(5), 60, utilization=50)
     minutes(gpus[2], at(10), 30, utilization=99)  # 19:00: nobody's booking
     clock.move_to(at(6))  # 15:00
@@ -77,8 +80,17 @@ def test_per_person_booked_used_efficiency_releases_and_no_shows(day, carol):
         "released_early": 1,
         "no_shows": 0,
         "no_show_gpu_hours": 0.0,
+        "energy_kwh": 0.42,  # 300 W for an hour and 60 W for two
+        "idle_energy_kwh": 0.12,  # the 60 W GPU's two hours under the threshold
+        "energy_estimated": False,
     }
     assert (rows["bob"]["booked_gpu_hours"], rows["bob"]["used_gpu_hours"]) == (4.0, 0.0)
+    assert (rows["bob"]["energy_kwh"], rows["bob"]["idle_energy_kwh"], rows["bob"]["energy_estimated"]) == (
+        0.12,
+        0.12,
+        True,
+    )
+    assert rows["carol"]["energy_kwh"] is None  # no readings: no energy, not zero
     assert (rows["bob"]["no_shows"], rows["bob"]["no_show_gpu_hours"]) == (1, 4.0)
     assert (rows["carol"]["booked_gpu_hours"], rows["carol"]["no_shows"]) == (1.0, 0)  # no readings: unknown
 

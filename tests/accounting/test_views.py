@@ -84,6 +84,10 @@ def test_the_csv_has_the_tables_rows(day, carol):  # noqa: F811
         "released early",
         "no-shows",
         "no-show GPU-hours",
+        "energy kWh",
+        "idle energy kWh",
+        "energy estimated",
     ]
-    assert ["alice", "2", "5.0", "2.0", "0.0", "0.4", "1", "0", "0.0"] in rows
+    assert ["alice", "2", "5.0", "2.0", "0.0", "0.4", "1", "0", "0.0", "0.42", "0.12", "False"] in rows
+    assert ["carol", "1", "1.0", "0.0", "0.0", "0.0", "0", "0", "0.0", "", "", "False"] in rows  # no energy
     assert page_for(carol).get("/reports/usage.csv", {"start": "bad"}).status_code == 400

@@ -170,6 +170,9 @@ def test_a_slot_that_ended_is_mailed_with_its_usage_even_after_downtime(booked, 
             {"uuid": gpus[0].uuid, "utilization_pct": first, "memory_used_mib": 40960, "processes": []},
             {"uuid": gpus[1].uuid, "utilization_pct": second, "memory_used_mib": 2048, "processes": []},
         ]
+        # 400 W and 200 W for the minute between the readings; GPU 1 has no counter (its power added up).
+        samples[0] |= {"energy_mj": 24_000_000 * minute}
+        samples[1] |= {"energy_mj": 12_000_000 * minute, "energy_estimated": True}
         telemetry_record(node=node, samples=samples, now=when)
     assert GpuTelemetry.objects.count() == 2
 
@@ -183,6 +186,7 @@ def test_a_slot_that_ended_is_mailed_with_its_usage_even_after_downtime(booked, 
     assert "Mean utilisation: 50 %" in text
     assert "Peak memory:      40.0 GB" in text
     assert "Minutes with readings: 2" in text
+    assert "Energy:           about 0.010 kWh, of which 0.000 kWh in idle minutes" in text  # both were busy
     assert Notification.objects.filter(reservation=reservation, kind=Kind.SLOT_ENDED).count() == 1
 
 

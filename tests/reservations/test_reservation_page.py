@@ -173,12 +173,13 @@ def test_usage_so_far_comes_from_the_rolled_up_hours(alice, node, gpus, clock):
     clock.move_to(at(1, 0) + timedelta(minutes=30))
     assert "No usage yet." in section(shown(alice, booking), "usage")
 
-    # GPU 0 busy for 12 minutes, GPU 1 idle; each minute has a reading.
+    # GPU 0 busy for 12 minutes at 300 W, GPU 1 idle at 60 W; each minute has a reading with the energy counter.
     for minute in range(12):
         samples = [
             {"uuid": gpus[0].uuid, "utilization_pct": 90, "memory_used_mib": 40960, "processes": []},
             {"uuid": gpus[1].uuid, "utilization_pct": 0, "memory_used_mib": 0, "processes": []},
         ]
+        samples[0]["energy_mj"], samples[1]["energy_mj"] = 18_000_000 * minute, 3_600_000 * minute
         telemetry_record(node=node, samples=samples, now=at(1) + timedelta(minutes=minute))
     rollup(since=at(1), until=at(1) + timedelta(minutes=30))
 
@@ -188,6 +189,9 @@ def test_usage_so_far_comes_from_the_rolled_up_hours(alice, node, gpus, clock):
     assert "<strong>20 %</strong>" in usage
     assert "45 %" in usage  # mean utilisation over both GPUs' readings
     assert "40.0 GB" in usage
+    # 11 minutes between the 12 readings: 11 x (18 + 3.6) kJ = 0.066 kWh, of which GPU 1's 0.011 kWh idle.
+    assert "<strong>0.066 kWh</strong>, of which 0.011 kWh in idle minutes" in usage
+    assert "estimated" not in usage
     assert "No usage yet" not in usage
 
 
