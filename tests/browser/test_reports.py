@@ -14,6 +14,10 @@ def test_an_admin_reads_the_usage_report_with_its_charts(page, live_server, day,
     table = page.locator(".report-table").first
     expect(table.locator("tbody tr")).to_have_count(3)
     expect(table.locator("tbody tr", has_text="alice")).to_contain_text("40 %")
+    # Energy: alice's measured, bob's partly estimated ("≈"), carol's none.
+    expect(table.locator("tbody tr", has_text="alice")).to_contain_text("0.42")
+    expect(table.locator("tbody tr", has_text="bob")).to_contain_text("≈ 0.12")
+    expect(table.locator("thead")).to_contain_text("Idle kWh")
     # Both charts drew something: a canvas that Chart.js has sized and painted.
     for chart in ("#usage-chart", "#demand-chart"):
         assert page.evaluate(f"Chart.getChart(document.querySelector('{chart}')).data.datasets.length") >= 1
