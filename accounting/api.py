@@ -80,6 +80,10 @@ class UsageRowSerializer(serializers.Serializer):
     energy_estimated = serializers.BooleanField(
         help_text="Part of the energy is estimated: a counter reset, readings far apart, or a card without a counter."
     )
+    cost = serializers.FloatField(
+        allow_null=True, help_text="The energy priced with the tariffs (in currency); null where none priced it."
+    )
+    co2_kg = serializers.FloatField(allow_null=True, help_text="kg of CO₂e of the energy, with the tariffs.")
 
 
 class UsageReportSerializer(serializers.Serializer):
@@ -90,6 +94,9 @@ class UsageReportSerializer(serializers.Serializer):
     rows = UsageRowSerializer(many=True)
     has_unmeasured = serializers.BooleanField(help_text="Whether any row has unmeasured GPU-hours.")
     has_energy = serializers.BooleanField(help_text="Whether any row has energy figures.")
+    has_cost = serializers.BooleanField(help_text="Whether any row has a cost (tariffs with prices are set).")
+    has_co2 = serializers.BooleanField(help_text="Whether any row has a CO₂ figure.")
+    currency = serializers.CharField(help_text="The currency of the costs (TARIFF_CURRENCY).")
     total = UsageRowSerializer(allow_null=True, help_text="Null when rows may overlap (by group).")
 
 
@@ -117,6 +124,9 @@ def report_payload(*, start: datetime, end: datetime, by: str, viewer: Any) -> d
         "rows": [row.as_dict() for row in report.rows],
         "has_unmeasured": report.has_unmeasured,
         "has_energy": report.has_energy,
+        "has_cost": report.has_cost,
+        "has_co2": report.has_co2,
+        "currency": settings.TARIFF_CURRENCY,
         "total": None if by == "group" else report.total.as_dict(),
     }
 

@@ -33,6 +33,8 @@ CSV_COLUMNS = (
     ("energy_kwh", "energy kWh"),
     ("idle_energy_kwh", "idle energy kWh"),
     ("energy_estimated", "energy estimated"),
+    ("cost", "cost"),
+    ("co2_kg", "CO2e kg"),
 )
 
 

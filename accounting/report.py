@@ -39,6 +39,7 @@ from django.db.models.functions import ExtractHour, ExtractIsoWeekDay, ExtractMi
 from django.utils import timezone
 
 from accounting.models import UsageHour
+from accounting.tariffs import Cost, energy_by_local_hour, priced, rates_by_hour
 from nodes.models import Gpu, Node, card_share
 from nodes.usage import MJ_PER_KWH
 from reservations.models import Allocation, Reservation
@@ -69,6 +70,7 @@ class ReportRow:
     energy_kwh: float | None = None
     idle_energy_kwh: float | None = None
     energy_estimated: bool = False
+    cost: Cost = field(default_factory=Cost)  # of the energy, with the admin's tariffs (accounting/tariffs.py)
 
     def add_energy(self, kwh: float | None, idle_kwh: float | None, estimated: bool) -> None:
         if kwh is not None:
@@ -96,6 +98,8 @@ class ReportRow:
             "energy_kwh": None if self.energy_kwh is None else round(self.energy_kwh, 3),
             "idle_energy_kwh": None if self.idle_energy_kwh is None else round(self.idle_energy_kwh, 3),
             "energy_estimated": self.energy_estimated,
+            "cost": None if self.cost.cost is None else round(self.cost.cost, 2),
+            "co2_kg": None if self.cost.co2_kg is None else round(self.cost.co2_kg, 4),
         }
 
 
@@ -115,6 +119,14 @@ class Report:
         return any(row.energy_kwh is not None for row in self.rows)
 
     @property
+    def has_cost(self) -> bool:
+        return any(row.cost.cost is not None for row in self.rows)
+
+    @property
+    def has_co2(self) -> bool:
+        return any(row.cost.co2_kg is not None for row in self.rows)
+
+    @property
     def total(self) -> ReportRow:
         total = ReportRow(key=None, label="All")
         if self.by == "group":  # a person in two groups appears in both: a sum would count them twice
@@ -128,6 +140,7 @@ class Report:
             total.no_shows += row.no_shows
             total.no_show_gpu_hours += row.no_show_gpu_hours
             total.add_energy(row.energy_kwh, row.idle_energy_kwh, row.energy_estimated)
+            total.cost += row.cost
         return total
 
 
@@ -207,6 +220,10 @@ def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: d
         .order_by()
     ):
         row(energy["key"]).add_energy(kwh(energy["energy"]), kwh(energy["idle"]), energy["estimated"] > 0)
+    rates = rates_by_hour()
+    if rates is not None:
+        for hourly in energy_by_local_hour(usage, key=F(_USAGE_KEY[by])):
+            row(hourly["key"]).cost += priced(hourly["energy"], rates[hourly["local_hour"]])
 
     measured = UsageHour.objects.filter(reservation=OuterRef("reservation"), minutes_measured__gt=0)
     used = UsageHour.objects.filter(reservation=OuterRef("reservation"), used_minutes__gt=0)

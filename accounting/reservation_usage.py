@@ -16,6 +16,7 @@ from django.db.models import Count, Max, Q, Sum
 
 from accounting.models import UsageHour
 from accounting.report import SHARE, kwh, share_of
+from accounting.tariffs import usage_cost
 from reservations.models import Reservation
 
 
@@ -66,6 +67,8 @@ def reservation_usage(*, reservation: Reservation, viewer: Any, now: datetime) -
         "energy_kwh": kwh(totals["energy"]),
         "idle_energy_kwh": kwh(totals["idle_energy"]) or 0.0,
         "energy_estimated": bool(totals["energy_estimated"]),
+        "cost": usage_cost(hours),
+        "currency": settings.TARIFF_CURRENCY,
         "last_hour": totals["last_hour"],
         "threshold_pct": settings.USAGE_USED_THRESHOLD_PCT,
         "rollup_minutes": max(1, round(settings.USAGE_ROLLUP_SECONDS / 60)),

@@ -342,6 +342,8 @@ if OIDC_ENABLED:
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = envstr("TIME_ZONE", "UTC")
+# The currency of the tariffs' prices (accounting.Tariff): reports and booking pages show cost in it.
+TARIFF_CURRENCY = envstr("TARIFF_CURRENCY", "EUR")
 USE_I18N = True
 USE_TZ = True
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
 
-from accounting.models import UsageHour
+from accounting.models import Tariff, UsageHour
 from accounting.report import demand_by_hour_of_week, usage_report
 from accounting.rollup import rollup, rollup_recent
 from nodes.models import GpuMinute
@@ -83,6 +85,8 @@ def test_per_person_booked_used_efficiency_releases_and_no_shows(day, carol):
         "energy_kwh": 0.42,  # 300 W for an hour and 60 W for two
         "idle_energy_kwh": 0.12,  # the 60 W GPU's two hours under the threshold
         "energy_estimated": False,
+        "cost": None,  # no tariff set
+        "co2_kg": None,
     }
     assert (rows["bob"]["booked_gpu_hours"], rows["bob"]["used_gpu_hours"]) == (4.0, 0.0)
     assert (rows["bob"]["energy_kwh"], rows["bob"]["idle_energy_kwh"], rows["bob"]["energy_estimated"]) == (
@@ -201,3 +205,38 @@ def test_slice_time_without_utilisation_is_unmeasured_not_idle(alice, bob, carol
     assert usage_report(start=at(0), end=at(24), by="user", viewer=carol, now=at(4)).has_unmeasured
     assert [hour.minutes_measured for hour in UsageHour.objects.filter(reservation=unmeasured)] == [0, 0]
     assert UsageHour.objects.get(reservation=idle).minutes_measured == 60
+
+
+def test_tariffs_price_each_hour_of_energy_at_that_hour_s_rate(day, carol):
+    """The day's energy falls 10:00-17:00 UTC: alice's at 10:00 and 11:00 (0.3 kWh at 10:00 on GPU 0 and 0.06 kWh
+    in each hour on GPU 1), bob's 13:00-17:00 (0.03 kWh an hour). An all-day tariff, and a cheaper, cleaner one
+    from 13:00 (say, the afternoon's solar); a night tariff that never applies; and one hour without a price."""
+    Tariff.objects.create(name="day", price_per_kwh=Decimal("0.30"), co2_g_per_kwh=Decimal("400"))
+    Tariff.objects.create(
+        name="solar", price_per_kwh=Decimal("0.10"), co2_g_per_kwh=Decimal("50"), hour_from=13, hour_until=16
+    )
+    Tariff.objects.create(name="night", price_per_kwh=Decimal("0.05"), hour_from=0, hour_until=6)
+    Tariff.objects.create(name="grid only", co2_g_per_kwh=Decimal("300"), hour_from=16, hour_until=17)
+
+    rows = by_label(usage_report(start=DAY_START, end=DAY_END, by="user", viewer=carol))
+
+    # alice: 0.42 kWh at the day rate.
+    assert (rows["alice"]["cost"], rows["alice"]["co2_kg"]) == (0.13, 0.168)
+    # bob: 13, 14, 15 at the solar rate, 16 with a CO₂ figure and no price.
+    assert (rows["bob"]["cost"], rows["bob"]["co2_kg"]) == (0.01, 0.0135)
+    assert rows["carol"]["cost"] is None  # no energy: nothing to price
+
+
+def test_tariff_hours_must_not_overlap_and_one_all_day_at_most(db):
+    Tariff.objects.create(name="day", price_per_kwh=Decimal("0.30"))
+    Tariff.objects.create(name="evening", price_per_kwh=Decimal("0.40"), hour_from=17, hour_until=21)
+    for bad, says in [
+        (Tariff(name="another day", price_per_kwh=Decimal("0.2")), "all-day tariff already"),
+        (Tariff(name="late", price_per_kwh=Decimal("0.2"), hour_from=20, hour_until=23), "overlap evening"),
+        (Tariff(name="night", price_per_kwh=Decimal("0.2"), hour_from=22, hour_until=6), "two, 22-24 and 0-6"),
+        (Tariff(name="half", price_per_kwh=Decimal("0.2"), hour_from=3), "both hours"),
+        (Tariff(name="empty", hour_from=1, hour_until=2), "price per kWh, grams of CO₂e"),
+    ]:
+        with pytest.raises(ValidationError, match=says):
+            bad.full_clean()
+    Tariff(name="night", price_per_kwh=Decimal("0.2"), hour_from=21, hour_until=24).full_clean()  # adjoining: fine

@@ -87,7 +87,9 @@ def test_the_csv_has_the_tables_rows(day, carol):  # noqa: F811
         "energy kWh",
         "idle energy kWh",
         "energy estimated",
+        "cost",
+        "CO2e kg",
     ]
-    assert ["alice", "2", "5.0", "2.0", "0.0", "0.4", "1", "0", "0.0", "0.42", "0.12", "False"] in rows
-    assert ["carol", "1", "1.0", "0.0", "0.0", "0.0", "0", "0", "0.0", "", "", "False"] in rows  # no energy
+    assert ["alice", "2", "5.0", "2.0", "0.0", "0.4", "1", "0", "0.0", "0.42", "0.12", "False", "", ""] in rows
+    assert ["carol", "1", "1.0", "0.0", "0.0", "0.0", "0", "0", "0.0", "", "", "False", "", ""] in rows  # no energy
     assert page_for(carol).get("/reports/usage.csv", {"start": "bad"}).status_code == 400

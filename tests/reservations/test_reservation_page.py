@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.test import Client
 from django.urls import reverse
 
+from accounting.models import Tariff
 from accounting.rollup import rollup
 from nodes.ingest import telemetry_record
 from notifications.services import outbox_drain
@@ -190,8 +192,11 @@ def test_usage_so_far_comes_from_the_rolled_up_hours(alice, node, gpus, clock):
     assert "45 %" in usage  # mean utilisation over both GPUs' readings
     assert "40.0 GB" in usage
     # 11 minutes between the 12 readings: 11 x (18 + 3.6) kJ = 0.066 kWh, of which GPU 1's 0.011 kWh idle.
-    assert "<strong>0.066 kWh</strong>, of which 0.011 kWh in idle minutes" in usage
+    assert "<strong>0.066 kWh</strong>, of which 0.011 kWh in idle minutes</dd>" in usage  # no tariff: no cost
     assert "estimated" not in usage
+    Tariff.objects.create(name="day", price_per_kwh=Decimal("0.30"), co2_g_per_kwh=Decimal("400"))
+    priced = section(shown(alice, booking), "usage")
+    assert "in idle minutes; 0.02 EUR; 0.03 kg CO₂e</dd>" in priced  # 0.066 kWh x 0.30, x 400 g
     assert "No usage yet" not in usage
 
 
