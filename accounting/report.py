@@ -10,7 +10,7 @@ For each row (a person, a group, a node or a GPU):
 - efficiency: used / (booked - unmeasured), the share of the time that could be judged;
 - energy: kWh the booked GPUs used (their cards' energy counters: nodes/energy.py), and of that the kWh of
   measured minutes under the threshold (idle); estimated where a counter reset, a gap or a card without a
-  counter made any part of it so. MIG slices have none of their own yet: NVML counts energy per card;
+  counter made any part of it so. A MIG slice takes its share of its card's energy (accounting/rollup.py);
 - released early: bookings released before their end during the period;
 - no-shows: bookings that ended in the period with utilisation readings from their GPUs but not
   one used minute. A booking whose node reported no utilisation is not counted either way:

@@ -6,7 +6,9 @@ from the last hour it wrote, or two hours back if that is later, so after downti
 with every minute still kept (TELEMETRY_MINUTES_KEEP_DAYS).
 
 A minute belongs to the approved booking whose allocation covered that GPU at that minute; a
-minute nobody held has no booking (use without a booking, or nothing).
+minute nobody held has no booking (use without a booking, or nothing). A MIG slice has no energy counter
+of its own (NVML counts per card): each of its minutes takes its share of its card's minute, by compute
+slices (a 3g of a 7-slice card 3/7), marked estimated.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Max, Min, OuterRef, Q, Subquery, Sum
-from django.db.models.functions import TruncHour
+from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, Min, OuterRef, Q, Subquery, Sum
+from django.db.models.functions import Coalesce, TruncHour
 from django.utils import timezone
 
 from accounting.models import UsageHour
@@ -54,12 +56,18 @@ def rollup(*, since: datetime, until: datetime) -> int:
     ).order_by("start")
     threshold = settings.USAGE_USED_THRESHOLD_PCT
     used = busy_minutes(threshold)
+    card_minute = GpuMinute.objects.filter(gpu_id=OuterRef("gpu__parent_id"), minute=OuterRef("minute"))
+    slice_energy = ExpressionWrapper(
+        Subquery(card_minute.values("energy_mj")[:1]) * F("gpu__compute_slices") / F("gpu__parent__compute_slices"),
+        output_field=BigIntegerField(),
+    )
     hours = (
         GpuMinute.objects.filter(minute__gte=first, minute__lt=until)
         .annotate(
             in_hour=TruncHour("minute", tzinfo=UTC),
             held_by=Subquery(holder.values("reservation_id")[:1]),
             holder_id=Subquery(holder.values("reservation__user_id")[:1]),
+            energy=Coalesce("energy_mj", slice_energy),
         )
         .values("gpu_id", "in_hour", "held_by", "holder_id")
         .annotate(
@@ -69,9 +77,9 @@ def rollup(*, since: datetime, until: datetime) -> int:
             utilization=Sum("utilization_sum"),
             samples=Sum("utilization_samples"),
             memory=Max("memory_used_max_mib"),
-            energy=Sum("energy_mj"),
-            idle_energy=Sum("energy_mj", filter=Q(utilization_samples__gt=0) & ~used),
-            energy_estimated=Count("id", filter=Q(energy_estimated=True)),
+            energy_used=Sum("energy"),
+            idle_energy=Sum("energy", filter=Q(utilization_samples__gt=0) & ~used),
+            energy_estimated=Count("id", filter=Q(energy_estimated=True) | Q(energy_mj=None, energy__isnull=False)),
         )
         .order_by()
     )
@@ -87,7 +95,7 @@ def rollup(*, since: datetime, until: datetime) -> int:
             utilization_sum=row["utilization"] or 0,
             utilization_samples=row["samples"] or 0,
             memory_used_max_mib=row["memory"],
-            energy_mj=row["energy"],
+            energy_mj=row["energy_used"],
             idle_energy_mj=row["idle_energy"],
             energy_estimated=row["energy_estimated"] > 0,
         )

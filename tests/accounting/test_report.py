@@ -240,3 +240,18 @@ def test_tariff_hours_must_not_overlap_and_one_all_day_at_most(db):
         with pytest.raises(ValidationError, match=says):
             bad.full_clean()
     Tariff(name="night", price_per_kwh=Decimal("0.2"), hour_from=21, hour_until=24).full_clean()  # adjoining: fine
+
+
+def test_a_mig_slice_s_booking_takes_its_share_of_its_card_s_energy_marked_estimated(alice, carol, gpus):
+    """NVML counts energy per card: a 3g slice of a 7-slice card is given 3/7 of each of the card's minutes."""
+    slices = carve_mig(gpus[0])
+    booking = book(alice, [slices[0]], at(1), at(2))
+    minutes(gpus[0], at(1), 60, utilization=None, energy_mj=7_000_000)  # the card: 7 kJ a minute
+    minutes(slices[0], at(1), 60, utilization=None)  # the slice's own readings: memory and processes
+
+    rollup(since=at(1), until=at(2))
+
+    hour = UsageHour.objects.get(reservation=booking)
+    assert (hour.energy_mj, hour.energy_estimated) == (60 * 3_000_000, True)
+    row = by_label(usage_report(start=at(0), end=at(3), by="user", viewer=carol, now=at(3)))["alice"]
+    assert (row["energy_kwh"], row["energy_estimated"]) == (0.05, True)
