@@ -4,7 +4,8 @@ What it measures
     A lab of 10 nodes x 10 GPUs, booked for the whole past year by 30 researchers in 5 groups:
     on every GPU, bookings of 2 to 8 hours with gaps of 0 to 8 hours between them (about 110,000
     bookings), and a UsageHour row (accounting/) for every GPU-hour of the year (876,000 rows),
-    attributed to the booking that held it, with a random share of used minutes. Then, as an admin
+    attributed to the booking that held it, with a random share of used minutes and its energy (600 W busy,
+    60 W idle), priced with an all-day tariff and an evening one (accounting.Tariff). Then, as an admin
     (who sees everyone), the report over the past 365 days by person, group, node and GPU, and the
     demand by hour of the week, each ``--repeat`` times after one warm-up: p50 and max.
 
@@ -25,6 +26,7 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ from bench.benchdb import (
 
 NODES, GPUS_PER_NODE, USERS, GROUPS = 10, 10, 30, 5
 SEED = 8
+BUSY_MJ_PER_MINUTE, IDLE_MJ_PER_MINUTE = 600 * 60 * 1000, 60 * 60 * 1000  # 600 W and 60 W for a minute
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -80,13 +83,17 @@ def load_year(url: str, now: datetime, user_ids: list[int]) -> tuple[int, int]:
         ids = copy_reservations(cursor, bookings)
         with cursor.copy(
             "COPY accounting_usagehour (gpu_id, hour, reservation_id, user_id, minutes_reported, used_minutes, "
-            "utilization_sum, utilization_samples, memory_used_max_mib) FROM STDIN"
+            "utilization_sum, utilization_samples, memory_used_max_mib, energy_mj, idle_energy_mj, energy_estimated) "
+            "FROM STDIN"
         ) as copy:
             for pk, (user_id, _node, gpu_id, start, end, *_rest) in zip(ids, bookings, strict=True):
                 hour = start
                 while hour < end:
                     used = rng.choice((0, 0, 15, 30, 45, 60, 60, 60))
-                    copy.write_row((gpu_id, hour, pk, user_id, 60, used, used * 12 * 80, 720, 40000))
+                    idle_mj = (60 - used) * IDLE_MJ_PER_MINUTE
+                    energy = used * BUSY_MJ_PER_MINUTE + idle_mj
+                    row = (gpu_id, hour, pk, user_id, 60, used, used * 12 * 80, 720, 40000, energy, idle_mj, False)
+                    copy.write_row(row)
                     hour += timedelta(hours=1)
                     hours += 1
     return len(bookings), hours
@@ -113,6 +120,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.perf_counter()
     user_ids, admin = people()
     bookings, hours = load_year(url, now, user_ids)
+    from accounting.models import Tariff
+
+    Tariff.objects.all().delete()
+    Tariff.objects.create(name="day", price_per_kwh=Decimal("0.30"), co2_g_per_kwh=Decimal("380"))
+    Tariff.objects.create(
+        name="evening", price_per_kwh=Decimal("0.42"), co2_g_per_kwh=Decimal("450"), hour_from=17, hour_until=21
+    )
     print(
         f"lab: {NODES * GPUS_PER_NODE} GPUs, {bookings:,} bookings and {hours:,} usage hours over the past year, "
         f"loaded in {time.perf_counter() - started:.0f} s"
