@@ -203,23 +203,19 @@ def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: d
         row(booked["key"]).booked_gpu_hours += _hours(booked["booked"]) * share_of(booked)
 
     unmeasured = Sum(F("minutes_reported") - F("minutes_measured"))
-    per_share = usage.values(key=F(_USAGE_KEY[by]), **SHARE)
-    for used_item in per_share.annotate(used=Sum("used_minutes"), unmeasured=unmeasured).order_by():
+    per_share = usage.values(key=F(_USAGE_KEY[by]), **SHARE).annotate(
+        used=Sum("used_minutes"),
+        unmeasured=unmeasured,
+        energy=Sum("energy_mj"),
+        idle=Sum("idle_energy_mj"),
+        estimated=Count("pk", filter=Q(energy_estimated=True)),
+    )
+    for used_item in per_share.order_by():
         target, share = row(used_item["key"]), share_of(used_item)
         target.used_gpu_hours += (used_item["used"] or 0) / 60 * share
         target.unmeasured_gpu_hours += (used_item["unmeasured"] or 0) / 60 * share
-
-    # Energy is the card's, whole: not weighted by share (a MIG slice reports none of its own).
-    for energy in (
-        usage.values(key=F(_USAGE_KEY[by]))
-        .annotate(
-            energy=Sum("energy_mj"),
-            idle=Sum("idle_energy_mj"),
-            estimated=Count("pk", filter=Q(energy_estimated=True)),
-        )
-        .order_by()
-    ):
-        row(energy["key"]).add_energy(kwh(energy["energy"]), kwh(energy["idle"]), energy["estimated"] > 0)
+        # Energy is not weighted by share: a MIG slice's is its share of its card's already (accounting/rollup.py).
+        target.add_energy(kwh(used_item["energy"]), kwh(used_item["idle"]), used_item["estimated"] > 0)
     rates = rates_by_hour()
     if rates is not None:
         for hourly in energy_by_local_hour(usage, key=F(_USAGE_KEY[by])):

@@ -82,9 +82,9 @@ def load_year(url: str, now: datetime, user_ids: list[int]) -> tuple[int, int]:
     with bulk_load(url) as cursor:
         ids = copy_reservations(cursor, bookings)
         with cursor.copy(
-            "COPY accounting_usagehour (gpu_id, hour, reservation_id, user_id, minutes_reported, used_minutes, "
-            "utilization_sum, utilization_samples, memory_used_max_mib, energy_mj, idle_energy_mj, energy_estimated) "
-            "FROM STDIN"
+            "COPY accounting_usagehour (gpu_id, hour, reservation_id, user_id, minutes_reported, minutes_measured, "
+            "used_minutes, utilization_sum, utilization_samples, memory_used_max_mib, energy_mj, idle_energy_mj, "
+            "energy_estimated) FROM STDIN"
         ) as copy:
             for pk, (user_id, _node, gpu_id, start, end, *_rest) in zip(ids, bookings, strict=True):
                 hour = start
@@ -92,7 +92,7 @@ def load_year(url: str, now: datetime, user_ids: list[int]) -> tuple[int, int]:
                     used = rng.choice((0, 0, 15, 30, 45, 60, 60, 60))
                     idle_mj = (60 - used) * IDLE_MJ_PER_MINUTE
                     energy = used * BUSY_MJ_PER_MINUTE + idle_mj
-                    row = (gpu_id, hour, pk, user_id, 60, used, used * 12 * 80, 720, 40000, energy, idle_mj, False)
+                    row = (gpu_id, hour, pk, user_id, 60, 60, used, used * 12 * 80, 720, 40000, energy, idle_mj, False)
                     copy.write_row(row)
                     hour += timedelta(hours=1)
                     hours += 1
