@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import csv
 import io
+from decimal import Decimal
 
 import pytest
 from django.test import Client
 
+from accounting.models import Tariff
 from tests.accounting.test_report import day  # noqa: F401 (the fixture)
 from tests.api_helpers import client_for
 
@@ -93,3 +95,27 @@ def test_the_csv_has_the_tables_rows(day, carol):  # noqa: F811
     assert ["alice", "2", "5.0", "2.0", "0.0", "0.4", "1", "0", "0.0", "0.42", "0.12", "False", "", ""] in rows
     assert ["carol", "1", "1.0", "0.0", "0.0", "0.0", "0", "0", "0.0", "", "", "False", "", ""] in rows  # no energy
     assert page_for(carol).get("/reports/usage.csv", {"start": "bad"}).status_code == 400
+
+
+def test_with_tariffs_the_page_api_and_csv_price_the_energy(day, carol, settings):  # noqa: F811
+    settings.TARIFF_CURRENCY = "CHF"
+    Tariff.objects.create(name="day", price_per_kwh=Decimal("0.30"), co2_g_per_kwh=Decimal("400"))
+
+    html = page_for(carol).get("/reports/", {"start": "2030-01-07", "end": "2030-01-07", "by": "user"}).content.decode()
+    assert '<th scope="col" class="num">Cost CHF</th>' in html and "CO₂e kg" in html
+    assert "0.13</td>" in html  # alice's 0.42 kWh at 0.30
+    answer = client_for(carol).get("/api/v1/reports/usage/", PERIOD | {"by": "user"}).json()
+    assert (answer["currency"], answer["has_cost"], answer["has_co2"]) == ("CHF", True, True)
+    alice = next(row for row in answer["rows"] if row["label"] == "alice")
+    assert (alice["cost"], alice["co2_kg"]) == (0.13, 0.168)
+    assert answer["total"]["cost"] == 0.16  # and bob's 0.12 kWh
+    csv_rows = list(
+        csv.reader(
+            io.StringIO(
+                page_for(carol)
+                .get("/reports/usage.csv", {"start": "2030-01-07", "end": "2030-01-07", "by": "user"})
+                .content.decode()
+            )
+        )
+    )
+    assert csv_rows[1][-2:] == ["0.13", "0.168"]
