@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def running_with_usage(user, node, gpus, purpose: str) -> Reservation:
     """A booking made through the service (so its history is real) that is then moved to have begun
     40 minutes ago (the rules forbid booking the past), with 40 minutes of readings rolled up:
-    GPU 0 busy, GPU 1 busy half the time."""
+    GPU 0 busy at 300 W, GPU 1 busy half the time at 100 W (their energy counters)."""
     now = timezone.now().replace(second=0, microsecond=0)
     booking = book(user, gpus, now, now + timedelta(hours=3), purpose=purpose)
     began = now - timedelta(minutes=40)
@@ -35,6 +35,7 @@ def running_with_usage(user, node, gpus, purpose: str) -> Reservation:
                 "utilization_pct": 85 if i == 0 or minute % 2 else 0,
                 "memory_used_mib": 61440 if i == 0 else 8192,
                 "processes": [],
+                "energy_mj": (18_000_000 if i == 0 else 6_000_000) * minute,
             }
             for i, gpu in enumerate(gpus)
         ]
@@ -64,6 +65,7 @@ def test_the_dialogs_details_link_opens_the_bookings_page(
     expect(page.locator("#access")).to_contain_text(f"ssh alice@{node.hostname}")
     expect(page.locator("#access")).to_contain_text(f"export CUDA_VISIBLE_DEVICES={gpus[0].uuid},{gpus[1].uuid}")
     expect(page.locator("#usage")).to_contain_text(re.compile(r"of 1\.3\d GPU-hours booked so far"))
+    expect(page.locator("#usage")).to_contain_text("0.260 kWh")  # 39 minutes between readings at 300 W + 100 W
     expect(page.locator("#history")).to_contain_text("Booked")
     expect(page.locator("#actions").get_by_role("button", name="Release now")).to_be_visible()
     screenshot("page")
