@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounting.length_advice import length_advice
 from accounting.report import DIMENSIONS, demand_by_hour_of_week, peak_hours, usage_report
 from accounts.http import AuthenticatedRequest
 from kernel.api_schema import READ_ERRORS
@@ -173,3 +174,50 @@ class DemandView(APIView):
         data = _params(DemandParams, request)
         zone = data.get("zone") or request.user.zone.key
         return Response(demand_payload(start=data["start"], end=data["end"], zone=zone, viewer=request.user))
+
+
+class LengthAdviceParams(serializers.Serializer):
+    gpus = serializers.IntegerField(min_value=1, max_value=1024, help_text="How many GPUs the slot has.")
+    hours = serializers.FloatField(
+        required=False, min_value=0.01, max_value=24 * 366, help_text="The slot's length asked for, if any."
+    )
+
+
+class LengthAdviceSerializer(serializers.Serializer):
+    gpus = serializers.IntegerField()
+    bookings = serializers.IntegerField(help_text="Past bookings the figures come from (ended, measured).")
+    mean_busy_hours = serializers.FloatField(allow_null=True, help_text="How long each GPU was busy, on average.")
+    mean_booked_hours = serializers.FloatField(allow_null=True)
+    suggested_hours = serializers.FloatField(
+        allow_null=True, help_text="The mean busy time on the booking grid; null with fewer than three bookings."
+    )
+    advice = serializers.CharField(
+        allow_null=True, help_text="Words when the hours asked for are far longer than the history suggests."
+    )
+
+
+class LengthAdviceView(APIView):
+    """Advice only: a slot's length from the caller's own last bookings of as many GPUs."""
+
+    @extend_schema(
+        summary="How long your last bookings of N GPUs were busy, and a length to book",
+        parameters=[LengthAdviceParams],
+        responses={200: LengthAdviceSerializer, **READ_ERRORS},
+    )
+    def get(self, request: AuthenticatedRequest) -> Response:
+        data = _params(LengthAdviceParams, request)
+        advice = length_advice(user=request.user, gpus=data["gpus"], now=timezone.now())
+        return Response(
+            {
+                "gpus": advice.gpus,
+                "bookings": advice.bookings,
+                "mean_busy_hours": _rounded(advice.mean_busy_hours),
+                "mean_booked_hours": _rounded(advice.mean_booked_hours),
+                "suggested_hours": advice.suggested_hours,
+                "advice": advice.about(data.get("hours")),
+            }
+        )
+
+
+def _rounded(hours: float | None) -> float | None:
+    return None if hours is None else round(hours, 2)

@@ -255,7 +255,26 @@ def cmd_book(client: Client, args: argparse.Namespace) -> Any:
         body = {**target, "start": iso(args.start), "end": iso(end)}
     if args.repeat is not None:
         return book_series(client, args, {**body, "purpose": args.purpose})
-    return client.post("reservations/", {**body, "purpose": args.purpose})
+    reservation = client.post("reservations/", {**body, "purpose": args.purpose})
+    note = length_note(client, reservation)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    return reservation
+
+
+def length_note(client: Client, reservation: dict[str, Any]) -> str | None:
+    """The portal's advice when a booking is far longer than the person's own bookings of as many GPUs were busy
+    (me/length-advice/). Advice only: a portal without it, or any failure, says nothing."""
+    try:
+        hours = (parse_iso(reservation["end"]) - parse_iso(reservation["start"])).total_seconds() / 3600
+        answer = client.get("me/length-advice/", {"gpus": len(reservation["gpus"]), "hours": round(hours, 2)})
+        return answer.get("advice") if isinstance(answer, dict) else None
+    except (ClientError, KeyError, TypeError, ValueError):
+        return None
+
+
+def parse_iso(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def earliest_booking(client: Client, args: argparse.Namespace) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from accounting.api import DemandView, UsageReportView
+from accounting.api import DemandView, LengthAdviceView, UsageReportView
 from accounts.api import ApiTokenViewSet
 from live.api import FleetStatusView
 from nodes.api import NodeViewSet
@@ -23,6 +23,7 @@ router.register("waitlist", WaitlistViewSet, basename="waitlist")
 
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),
+    path("me/length-advice/", LengthAdviceView.as_view(), name="me-length-advice"),
     path("availability/", AvailabilityView.as_view(), name="availability"),
     path("calendar/", CalendarDataView.as_view(), name="calendar"),
     path("status/", FleetStatusView.as_view(), name="status"),

@@ -495,3 +495,16 @@ def test_series_lists_shows_books_within_reach_and_cancels(cli_for, alice, gpus,
 
     misuse = cli("series", "--cancel")
     assert misuse.returncode == 2 and "--cancel and --book-now need a series id" in misuse.stderr
+
+
+def test_a_booking_far_longer_than_the_persons_history_gets_a_note(cli_for, alice, gpus, start):
+    from tests.accounting.test_length_advice import past_booking
+
+    for days in (2, 3, 4):
+        past_booking(alice, gpus[:1], days, 6, 60)  # busy an hour of each 6-hour booking
+    result = cli_for(alice)("book", "--gpu-ids", gpus[0].pk, "--start", iso(start), "--hours", 8)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Booked #")
+    assert "note: Your last 3 one-GPU bookings were busy 1.0 h on average (booked 6.0 h)" in result.stderr
+    quiet = cli_for(alice)("book", "--gpu-ids", gpus[1].pk, "--start", iso(start), "--hours", 1.5)
+    assert quiet.returncode == 0 and "note:" not in quiet.stderr
