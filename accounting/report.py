@@ -39,9 +39,9 @@ from django.db.models.functions import ExtractHour, ExtractIsoWeekDay, ExtractMi
 from django.utils import timezone
 
 from accounting.models import UsageHour
-from accounting.tariffs import Cost, energy_by_local_hour, priced, rates_by_hour
+from accounting.tariffs import Cost, usage_costs
 from nodes.models import Gpu, Node, card_share
-from nodes.usage import MJ_PER_KWH
+from nodes.usage import kwh
 from reservations.models import Allocation, Reservation
 
 Status = Reservation.Status
@@ -154,8 +154,17 @@ def share_of(item: Mapping[str, Any]) -> float:
     return float(card_share(item["unit_slices"], item["card_slices"]))
 
 
-def kwh(mj: int | None) -> float | None:
-    return None if mj is None else mj / MJ_PER_KWH
+# The energy of usage hours, as reports and a booking's page sum it (read by energy_figures).
+ENERGY_TOTALS = {
+    "energy": Sum("energy_mj"),
+    "idle_energy": Sum("idle_energy_mj"),
+    "energy_estimated": Count("pk", filter=Q(energy_estimated=True)),
+}
+
+
+def energy_figures(totals: Mapping[str, Any]) -> tuple[float | None, float | None, bool]:
+    """kWh, idle kWh and whether any part is estimated, from aggregates by ENERGY_TOTALS."""
+    return kwh(totals["energy"]), kwh(totals["idle_energy"]), totals["energy_estimated"] > 0
 
 
 def _hours(value: timedelta | None) -> float:
@@ -204,22 +213,16 @@ def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: d
 
     unmeasured = Sum(F("minutes_reported") - F("minutes_measured"))
     per_share = usage.values(key=F(_USAGE_KEY[by]), **SHARE).annotate(
-        used=Sum("used_minutes"),
-        unmeasured=unmeasured,
-        energy=Sum("energy_mj"),
-        idle=Sum("idle_energy_mj"),
-        estimated=Count("pk", filter=Q(energy_estimated=True)),
+        used=Sum("used_minutes"), unmeasured=unmeasured, **ENERGY_TOTALS
     )
     for used_item in per_share.order_by():
         target, share = row(used_item["key"]), share_of(used_item)
         target.used_gpu_hours += (used_item["used"] or 0) / 60 * share
         target.unmeasured_gpu_hours += (used_item["unmeasured"] or 0) / 60 * share
         # Energy is not weighted by share: a MIG slice's is its share of its card's already (accounting/rollup.py).
-        target.add_energy(kwh(used_item["energy"]), kwh(used_item["idle"]), used_item["estimated"] > 0)
-    rates = rates_by_hour()
-    if rates is not None:
-        for hourly in energy_by_local_hour(usage, key=F(_USAGE_KEY[by])):
-            row(hourly["key"]).cost += priced(hourly["energy"], rates[hourly["local_hour"]])
+        target.add_energy(*energy_figures(used_item))
+    for key, cost in usage_costs(usage, F(_USAGE_KEY[by])).items():
+        row(key).cost += cost
 
     measured = UsageHour.objects.filter(reservation=OuterRef("reservation"), minutes_measured__gt=0)
     used = UsageHour.objects.filter(reservation=OuterRef("reservation"), used_minutes__gt=0)

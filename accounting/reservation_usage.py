@@ -12,10 +12,10 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Max, Q, Sum
+from django.db.models import Max, Sum
 
 from accounting.models import UsageHour
-from accounting.report import SHARE, kwh, share_of
+from accounting.report import ENERGY_TOTALS, SHARE, energy_figures, share_of
 from accounting.tariffs import usage_cost
 from reservations.models import Reservation
 
@@ -31,9 +31,7 @@ def reservation_usage(*, reservation: Reservation, viewer: Any, now: datetime) -
         utilization_samples=Sum("utilization_samples"),
         peak_mib=Max("memory_used_max_mib"),
         last_hour=Max("hour"),
-        energy=Sum("energy_mj"),
-        idle_energy=Sum("idle_energy_mj"),
-        energy_estimated=Count("pk", filter=Q(energy_estimated=True)),
+        **ENERGY_TOTALS,
     )
     if not totals["reported"] and reservation.status in (Reservation.Status.CANCELLED, Reservation.Status.REJECTED):
         return None
@@ -52,6 +50,7 @@ def reservation_usage(*, reservation: Reservation, viewer: Any, now: datetime) -
             if allocation.active:
                 seconds = max(0.0, (min(allocation.end, now) - allocation.start).total_seconds())
                 booked += seconds / 3600 * float(allocation.gpu.share_of(allocation.gpu.parent))
+    energy_kwh, idle_energy_kwh, energy_estimated = energy_figures(totals)
     samples = totals["utilization_samples"] or 0
     judged = booked - unmeasured
     return {
@@ -64,9 +63,9 @@ def reservation_usage(*, reservation: Reservation, viewer: Any, now: datetime) -
         "efficiency": min(1.0, used / judged) if judged > 0 else None,
         "mean_utilization_pct": totals["utilization_sum"] / samples if samples else None,
         "peak_memory_gb": None if totals["peak_mib"] is None else totals["peak_mib"] / 1024,
-        "energy_kwh": kwh(totals["energy"]),
-        "idle_energy_kwh": kwh(totals["idle_energy"]) or 0.0,
-        "energy_estimated": bool(totals["energy_estimated"]),
+        "energy_kwh": energy_kwh,
+        "idle_energy_kwh": idle_energy_kwh or 0.0,
+        "energy_estimated": energy_estimated,
         "cost": usage_cost(hours),
         "currency": settings.TARIFF_CURRENCY,
         "last_hour": totals["last_hour"],

@@ -68,11 +68,19 @@ def priced(energy_mj: int | None, rate: Rate | None) -> Cost:
     )
 
 
+def usage_costs(usage: QuerySet, key: Any = None) -> dict[Any, Cost]:
+    """The cost and CO₂ of the energy of ``usage`` (UsageHour rows) per value of ``key`` (an expression; None:
+    all of it, under the key None). Empty without tariffs."""
+    rates = rates_by_hour()
+    costs: dict[Any, Cost] = {}
+    if rates is None:
+        return costs
+    for row in energy_by_local_hour(usage, **({} if key is None else {"key": key})):
+        group = row.get("key")
+        costs[group] = costs.get(group, Cost()) + priced(row["energy"], rates[row["local_hour"]])
+    return costs
+
+
 def usage_cost(usage: QuerySet) -> Cost:
     """The cost and CO₂ of the energy of ``usage`` (UsageHour rows): nothing without tariffs."""
-    rates = rates_by_hour()
-    total = Cost()
-    if rates is not None:
-        for row in energy_by_local_hour(usage):
-            total += priced(row["energy"], rates[row["local_hour"]])
-    return total
+    return usage_costs(usage).get(None, Cost())

@@ -75,6 +75,10 @@ def _upsert_minutes(rows: list[tuple[Any, ...]]) -> None:
         cursor.execute(sql, [value for row in rows for value in row])
 
 
+def kwh(mj: int | None) -> float | None:
+    return None if mj is None else mj / MJ_PER_KWH
+
+
 def _max(stored: int | None, new: int | None) -> int | None:
     return new if stored is None else stored if new is None else max(stored, new)
 
@@ -92,11 +96,11 @@ class Usage:
 
     @property
     def energy_kwh(self) -> float | None:
-        return None if self.energy_mj is None else self.energy_mj / MJ_PER_KWH
+        return kwh(self.energy_mj)
 
     @property
     def idle_energy_kwh(self) -> float:
-        return (self.idle_energy_mj or 0) / MJ_PER_KWH
+        return kwh(self.idle_energy_mj) or 0.0
 
     @property
     def peak_memory_gb(self) -> float | None:
