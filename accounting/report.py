@@ -271,7 +271,8 @@ WEEK_SECONDS = 7 * 24 * 3600
 
 def demand_by_hour_of_week(*, start: datetime, end: datetime, viewer: Any, zone: str) -> list[list[float]]:
     """Booked GPU-hours (approved and pending) in each hour of the week, Monday first, in ``zone``:
-    ``[weekday][hour]``.
+    ``[weekday][hour]``: everyone's for a booking admin or ``viewer`` None (the suggestions' contention,
+    a figure about the whole fleet), a researcher's own otherwise.
 
     The database groups the allocations by their (clipped) start's weekday, hour and minute in the
     reader's zone and by their length; each group then adds its time to a circular difference
@@ -283,7 +284,7 @@ def demand_by_hour_of_week(*, start: datetime, end: datetime, viewer: Any, zone:
     allocations = Allocation.objects.filter(
         active=True, reservation__status__in=[Status.APPROVED, Status.PENDING], start__lt=end, end__gt=start
     )
-    if not viewer.is_booking_admin:
+    if viewer is not None and not viewer.is_booking_admin:
         allocations = allocations.filter(reservation__user=viewer)
     first = Greatest(F("start"), Value(start))
     groups = (

@@ -26,6 +26,7 @@ from gpubook.series_cli import (
     check_repeat_options,
     with_series,
 )
+from gpubook.suggest_cli import add_suggest_command, offered_lines
 from gpubook.terminal import fmt_moment, fmt_period, print_table
 from gpubook.waitlist_cli import add_waitlist_commands, waitlist_hint
 
@@ -255,11 +256,29 @@ def cmd_book(client: Client, args: argparse.Namespace) -> Any:
         body = {**target, "start": iso(args.start), "end": iso(end)}
     if args.repeat is not None:
         return book_series(client, args, {**body, "purpose": args.purpose})
-    reservation = client.post("reservations/", {**body, "purpose": args.purpose})
-    note = length_note(client, reservation)
-    if note:
-        print(f"note: {note}", file=sys.stderr)
+    try:
+        reservation = client.post("reservations/", {**body, "purpose": args.purpose})
+    except ApiError as refused:
+        if refused.code in WAITABLE:
+            refused.hints.append(offered_lines(client, only_if_busy=False, **_question(body)))
+        raise
+    for note in (
+        length_note(client, reservation),
+        offered_lines(client, only_if_busy=True, **_question(reservation)),
+    ):
+        if note:
+            print(f"note: {note}", file=sys.stderr)
     return reservation
+
+
+WAITABLE = ("slot_conflict", "reserved")  # refusals for a taken slot: wait for it, or take another
+
+
+def _question(booking: dict[str, Any]) -> dict[str, Any]:
+    """What to ask /availability/suggest/ about a booking's body or a booking: its GPU count, start, length."""
+    hours = (parse_iso(booking["end"]) - parse_iso(booking["start"])).total_seconds() / 3600
+    gpus = booking.get("gpu_count") or len(booking.get("gpus", ()))
+    return {"gpus": gpus, "hours": round(hours, 2), "start": booking["start"], "profile": booking.get("profile")}
 
 
 def length_note(client: Client, reservation: dict[str, Any]) -> str | None:
@@ -378,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("me", cmd_me, render_me, "who you are, your limits and their use")
     add_series_command(add, ident=positive_int)
     add_waitlist_commands(add, moment=parse_moment, hours=positive_hours, ids=id_list, count=positive_int)
+    add_suggest_command(add, moment=parse_moment, hours=positive_hours, count=positive_int)
     return parser
 
 
@@ -464,9 +484,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Unreachable as exc:
         return _fail(str(exc), EXIT_UNREACHABLE)
     except ApiError as exc:
-        waitable = exc.code in ("slot_conflict", "reserved") and args.command == "book"
-        hint = f"\n{waitlist_hint(args)}" if waitable else ""
-        return _fail(f"{exc}{hint}", EXIT_API_ERROR)
+        waitable = exc.code in WAITABLE and args.command == "book"
+        hints = [*exc.hints, waitlist_hint(args)] if waitable else exc.hints
+        return _fail("\n".join([str(exc), *filter(None, hints)]), EXIT_API_ERROR)
     except ClientError as exc:
         return _fail(str(exc), EXIT_API_ERROR)
     except KeyboardInterrupt:

@@ -48,6 +48,7 @@ class ApiError(ClientError):
         self.code = code
         self.message = message
         self.details = details or {}
+        self.hints: list[str | None] = []  # lines the CLI adds below the message (None: nothing to add)
 
 
 @dataclass(frozen=True)

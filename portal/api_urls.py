@@ -2,6 +2,7 @@ from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from accounting.api import DemandView, LengthAdviceView, UsageReportView
+from accounting.suggest_api import SuggestView
 from accounts.api import ApiTokenViewSet
 from live.api import FleetStatusView
 from nodes.api import NodeViewSet
@@ -25,6 +26,7 @@ urlpatterns = [
     path("me/", MeView.as_view(), name="me"),
     path("me/length-advice/", LengthAdviceView.as_view(), name="me-length-advice"),
     path("availability/", AvailabilityView.as_view(), name="availability"),
+    path("availability/suggest/", SuggestView.as_view(), name="availability-suggest"),
     path("calendar/", CalendarDataView.as_view(), name="calendar"),
     path("status/", FleetStatusView.as_view(), name="status"),
     path("reports/usage/", UsageReportView.as_view(), name="report-usage"),

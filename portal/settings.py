@@ -550,6 +550,11 @@ METRICS_ALLOWED_IPS = envlist("METRICS_ALLOWED_IPS", [])
 
 # Booking rules that are settings rather than per-group limits (see docs/booking-rules.md).
 BOOKING_GRID_MINUTES = envint("BOOKING_GRID_MINUTES", 15)
+# The availability finder (and the suggestions) offer, of windows that start together, one on a node already
+# in use first: whole nodes stay idle and can have their power capped (Node.idle_power_limit_pct).
+AVAILABILITY_PACK_NODES = envbool("AVAILABILITY_PACK_NODES", False)
+# The suggestions rank free slots by how busy those hours of the week were over this many past weeks.
+SUGGEST_HISTORY_WEEKS = envint("SUGGEST_HISTORY_WEEKS", 8)
 BOOKING_LOCK_TIMEOUT_MS = envint("BOOKING_LOCK_TIMEOUT_MS", 10_000)
 BOOKING_PURPOSE_MAX_LENGTH = 500
 # Site ceilings for researchers' bookings and extensions, applied wherever no Limit row (site,

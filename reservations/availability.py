@@ -12,15 +12,22 @@ step, whatever the number of nodes.
 For a person (``user``), reserved capacity of groups they are not in counts as busy (reservations/reserved.py):
 a reserved GPU is taken over each unreleased occurrence, and under "any N GPUs of the node" a window offers
 at most the node's GPUs minus N minus what other non-members hold; an occurrence's end is a candidate start.
+
+With AVAILABILITY_PACK_NODES, windows that start together are offered on nodes already in use over them first
+(packing), so whole nodes stay idle and can have their power capped (issue 21's power policy). ``free_at``
+answers the other question the suggestions ask (accounting/suggestions.py): at which of these starts is
+there room, on which node?
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Q
 
 from nodes.models import Gpu, Node
@@ -36,6 +43,7 @@ class Window:
     gpus: list[Gpu]
     start: datetime
     end: datetime
+    in_use: bool = False  # something else of the node is taken over the window
 
 
 def earliest_windows(
@@ -61,16 +69,7 @@ def earliest_windows(
     if search_from < now:  # the current grid cell counts as now
         search_from = now.replace(microsecond=0)
 
-    gpu_filter = Q(node__status=Node.Status.ACTIVE)
-    if node_name:
-        gpu_filter &= Q(node__name=node_name)
-    if min_memory_mib is not None:
-        gpu_filter &= Q(memory_mib__gte=min_memory_mib)
-    units = bookable_units(profile=profile).filter(gpu_filter).select_related("node")
-    gpus_by_node: dict[int, list[Gpu]] = defaultdict(list)
-    for gpu in units.order_by("node__name", "index", "placement_start"):
-        gpus_by_node[gpu.node_id].append(gpu)
-    candidates = {node_id: gpus for node_id, gpus in gpus_by_node.items() if len(gpus) >= gpu_count}
+    candidates = _candidates(gpu_count, node_name, min_memory_mib, profile)
     if not candidates:
         return []
 
@@ -89,8 +88,91 @@ def earliest_windows(
         remaining = {node_id: gpus for node_id, gpus in remaining.items() if node_id not in done}
         if not remaining:
             break
-    windows.sort(key=lambda w: (w.start, w.node.name))
+    windows.sort(key=lambda w: (w.start, not (_packing() and w.in_use), w.node.name))
     return windows[:limit]
+
+
+def free_at(
+    *,
+    starts: Iterable[datetime],
+    gpu_count: int,
+    duration: timedelta,
+    now: datetime,
+    node_name: str | None = None,
+    min_memory_mib: int | None = None,
+    profile: str = "",
+    user: Any = None,
+) -> Iterator[Window]:
+    """A window at each of ``starts`` (in the order given) where some node has ``gpu_count`` free units for
+    ``duration``: on the first node by name, or with AVAILABILITY_PACK_NODES the first already in use then.
+    Starts without room, before the current grid cell or off the calendar give none. Three queries, made
+    when the first window is asked for; the caller takes as many as it needs."""
+    starts = [start for start in map(floor_to_grid, starts) if start >= floor_to_grid(now)]
+    candidates = _candidates(gpu_count, node_name, min_memory_mib, profile)
+    if not starts or not candidates:
+        return
+    search_from, search_to = min(starts), ceil_to_grid(max(starts) + duration)
+    require_in_calendar(search_to, "end")
+    nodes = [gpus[0].node for gpus in candidates.values()]
+    kept = restrictions_for(user=user, nodes=nodes, start=search_from, end=search_to, now=now)
+    taken, reserved, node_busy = _taken(candidates, search_from, search_to, kept)
+    for start in starts:
+        end = ceil_to_grid(start + duration)
+        first = None
+        for node_id, gpus in candidates.items():
+            counted = [o for o in kept.counted if o.reserved.node_id == node_id]
+            window = _fit(gpus, taken[node_id], reserved[node_id], node_busy[node_id], counted, gpu_count, start, end)
+            if window is not None and (window.in_use or not _packing()):
+                first = window
+                break
+            first = first or window
+        if first is not None:
+            yield first
+
+
+def _packing() -> bool:
+    return bool(settings.AVAILABILITY_PACK_NODES)
+
+
+def _candidates(
+    gpu_count: int, node_name: str | None, min_memory_mib: int | None, profile: str
+) -> dict[int, list[Gpu]]:
+    """The bookable units of each active node that has at least ``gpu_count`` of them, by node name."""
+    gpu_filter = Q(node__status=Node.Status.ACTIVE)
+    if node_name:
+        gpu_filter &= Q(node__name=node_name)
+    if min_memory_mib is not None:
+        gpu_filter &= Q(memory_mib__gte=min_memory_mib)
+    units = bookable_units(profile=profile).filter(gpu_filter).select_related("node")
+    gpus_by_node: dict[int, list[Gpu]] = defaultdict(list)
+    for gpu in units.order_by("node__name", "index", "placement_start"):
+        gpus_by_node[gpu.node_id].append(gpu)
+    return {node_id: gpus for node_id, gpus in gpus_by_node.items() if len(gpus) >= gpu_count}
+
+
+Busy = dict[int, list[tuple[datetime, datetime]]]
+
+
+def _taken(
+    candidates: dict[int, list[Gpu]], search_from: datetime, search_to: datetime, kept: Restrictions
+) -> tuple[dict[int, list[Place]], dict[int, list[Place]], Busy]:
+    """What is taken on each node over the search: the places on its cards (bookings and GPU maintenance),
+    those kept from the person by others' reserved capacity, and its whole-node maintenance windows."""
+    card_node = {gpu.card_id: node_id for node_id, gpus in candidates.items() for gpu in gpus}
+    taken: dict[int, list[Place]] = defaultdict(list)
+    for place in taken_places(node_ids=candidates.keys(), start=search_from, end=search_to):
+        if place.card_id in card_node:
+            taken[card_node[place.card_id]].append(place)
+    reserved: dict[int, list[Place]] = defaultdict(list)
+    for place in map(Place._make, kept.places):
+        if place.card_id in card_node:
+            reserved[card_node[place.card_id]].append(place)
+    node_busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
+    for node_id, start, end in MaintenanceWindow.objects.filter(
+        node__in=candidates.keys(), gpu__isnull=True, start__lt=search_to, end__gt=search_from
+    ).values_list("node_id", "start", "end"):
+        node_busy[node_id].append((start, end))
+    return taken, reserved, node_busy
 
 
 _SEARCH_STEPS = (timedelta(days=1), timedelta(days=7))
@@ -104,45 +186,42 @@ def _search(
     search_to: datetime,
     kept: Restrictions,
 ) -> list[Window]:
-    places = taken_places(node_ids=candidates.keys(), start=search_from, end=search_to)
-    places += [Place(*place) for place in kept.places]
-    node_busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)  # whole-node maintenance
-    for node_id, start, end in MaintenanceWindow.objects.filter(
-        node__in=candidates.keys(), gpu__isnull=True, start__lt=search_to, end__gt=search_from
-    ).values_list("node_id", "start", "end"):
-        node_busy[node_id].append((start, end))
-
+    taken, reserved, node_busy = _taken(candidates, search_from, search_to, kept)
     windows = []
     for node_id, gpus in candidates.items():
-        cards = {gpu.card_id for gpu in gpus}
-        on_node = [place for place in places if place.card_id in cards]
         counted = [o for o in kept.counted if o.reserved.node_id == node_id]
-        window = _earliest_on_node(
-            gpus, on_node, node_busy[node_id], gpu_count, duration, search_from, search_to, counted
-        )
-        if window is not None:
-            windows.append(window)
+        ends = {p.end for p in taken[node_id] + reserved[node_id]} | {end for _, end in node_busy[node_id]}
+        ends |= {o.end for o in counted}
+        for start in sorted({search_from} | {e for e in ends if search_from < e < search_to}):
+            end = ceil_to_grid(start + duration)
+            if end > search_to:
+                continue
+            window = _fit(gpus, taken[node_id], reserved[node_id], node_busy[node_id], counted, gpu_count, start, end)
+            if window is not None:
+                windows.append(window)
+                break
     return windows
 
 
-def _earliest_on_node(
+def _fit(
     gpus: list[Gpu],
-    places: list[Place],
+    taken: list[Place],
+    reserved: list[Place],
     node_busy: list[tuple[datetime, datetime]],
-    gpu_count: int,
-    duration: timedelta,
-    search_from: datetime,
-    search_to: datetime,
     counted: list[ReservedOccurrence],
+    gpu_count: int,
+    start: datetime,
+    end: datetime,
 ) -> Window | None:
-    ends = {place.end for place in places} | {end for _, end in node_busy} | {o.end for o in counted}
-    for start in sorted({search_from} | {e for e in ends if search_from < e < search_to}):
-        end = ceil_to_grid(start + duration)
-        if end > search_to or any(s < end and e > start for s, e in node_busy):
-            continue
-        free = [gpu for gpu in gpus if is_free(gpu, places, start, end)]
-        if counted and len(free) >= gpu_count:
-            free = within_room(free, room_left(node=gpus[0].node, counted=counted, start=start, end=end))
-        if len(free) >= gpu_count:
-            return Window(node=gpus[0].node, gpus=free[:gpu_count], start=start, end=end)
-    return None
+    """``gpu_count`` of the node's units free over [start, end), or None. ``in_use``: something of the node
+    is taken then (a booking or GPU maintenance)."""
+    if any(s < end and e > start for s, e in node_busy):
+        return None
+    places = taken + reserved
+    free = [gpu for gpu in gpus if is_free(gpu, places, start, end)]
+    if counted and len(free) >= gpu_count:
+        free = within_room(free, room_left(node=gpus[0].node, counted=counted, start=start, end=end))
+    if len(free) < gpu_count:
+        return None
+    in_use = any(p.start < end and start < p.end for p in taken)
+    return Window(node=gpus[0].node, gpus=free[:gpu_count], start=start, end=end, in_use=in_use)

@@ -22,7 +22,7 @@ import pytest
 from accounts.services import api_token_create
 from reservations.models import Reservation
 from reservations.services import reservation_create
-from tests.factories import carve_mig, node_with_gpus
+from tests.factories import book, carve_mig, node_with_gpus
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -173,6 +173,11 @@ def test_a_conflicting_booking_fails_with_the_portals_message(cli_for, alice, bo
     assert_clean_failure(result, 1)
     assert result.stderr.startswith("error: Slot taken: ")
     assert "alice" in result.stderr
+    # Free slots nearby, then how to wait for this one.
+    offered = result.stderr.split("free slots nearby (gpubook suggest for more):\n")[1].splitlines()
+    assert len(offered) == 4 and offered.pop().startswith("to wait for it: gpubook wait --gpu-ids")
+    assert offered[0].startswith(f"  gpu-a100 GPUs 1 {start + timedelta(hours=1):%Y-%m-%d %H:%M}–")  # same time
+    assert all(line.startswith("  gpu-a100 GPUs ") and "% of GPUs booked on past" in line for line in offered)
     assert Reservation.objects.count() == 1
 
 
@@ -508,3 +513,26 @@ def test_a_booking_far_longer_than_the_persons_history_gets_a_note(cli_for, alic
     assert "note: Your last 3 one-GPU bookings were busy 1.0 h on average (booked 6.0 h)" in result.stderr
     quiet = cli_for(alice)("book", "--gpu-ids", gpus[1].pk, "--start", iso(start), "--hours", 1.5)
     assert quiet.returncode == 0 and "note:" not in quiet.stderr
+
+
+def test_suggest_lists_free_slots_and_a_booking_in_the_busiest_hours_offers_them(cli_for, alice, bob, gpus, start):
+    start = start.replace(minute=0)  # whole hours of the week, so the figures are round
+    for week in range(1, 9):  # every past week, the whole fleet booked at this hour
+        past = start - timedelta(weeks=week)
+        book(bob, gpus, past, past + timedelta(hours=2), direct=True)
+    cli = cli_for(alice)
+
+    listed = cli("suggest", "--gpus", 2, "--hours", 2, "--start", iso(start))
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].endswith(
+        "free; busy hour: 100 % of GPUs booked on past " + f"{start:%A}s at {start:%H}:00; 100 % over the slot."
+    )
+    assert lines[1].split() == ["NODE", "GPUS", "WHEN", "BOOKED", "THEN", "BUSIEST", "EUR/KWH"]
+    assert lines[2].split()[:2] == ["gpu-a100", "0,1"] and " 0 % " in lines[2]
+    assert lines[-1].startswith("Ranked: quiet hours before the busiest quarter")
+
+    booked = cli("book", "--gpu-ids", gpus[0].pk, "--start", iso(start), "--hours", 1)
+    assert booked.returncode == 0, booked.stderr
+    assert "note: busy hour: 100 % of GPUs booked" in booked.stderr
+    assert "free slots nearby (gpubook suggest for more):\n  gpu-a100 GPUs 0 " in booked.stderr
