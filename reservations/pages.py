@@ -64,6 +64,8 @@ def calendar_page(request: HttpRequest) -> HttpResponse:
             "reservations": reverse("api:reservation-list"),
             "series": reverse("api:series-list"),
             "waitlist": reverse("waitlist"),
+            "suggest": reverse("api:availability-suggest"),
+            "length_advice": reverse("api:me-length-advice"),
         },
         "csrf_token": get_token(request),
         "user": user.get_username(),

@@ -557,6 +557,43 @@
   };
   booking.start.step = booking.end.step = String(config.grid_minutes * 60);
 
+  /** The dialog's slot as the advice asks about it (static/js/slot_advice.js), or null while it is incomplete. */
+  function slotAsked() {
+    const gpus = booking.gpuList.querySelectorAll('input:checked').length;
+    const start = booking.start.value;
+    const end = booking.end.value;
+    return gpus && start && end && msOf(end) > msOf(start) ? {gpus, start: instantOf(start), end: instantOf(end)} : null;
+  }
+
+  function askAdvice() {
+    const slot = slotAsked();
+    if (slot) {
+      window.GpuAdvice?.update(slot);
+    } else {
+      window.GpuAdvice?.reset();
+    }
+  }
+
+  function takeSlot({node, gpus, start, end}) {
+    if (node !== undefined) {
+      fillNodes(node);
+      fillGpus(node, gpus);
+    }
+    booking.start.value = toInputValue(wallAt(start));
+    booking.end.value = toInputValue(wallAt(end));
+    describeSlot();
+    showError(booking.error, '');
+    askAdvice();
+    booking.submit.focus();
+  }
+
+  window.GpuAdvice?.init({
+    api,
+    period: (start, end) => formatPeriod(wallAt(start), wallAt(end)),
+    useSlot: takeSlot,
+    useLength: (start, hours) => takeSlot({start, end: Date.parse(start) + hours * 3600000}),
+  });
+
   function fillNodes(selected) {
     booking.node.replaceChildren(...resources.map((node) => {
       const option = new Option(node.title, node.extendedProps.node);
@@ -603,6 +640,8 @@
     window.GpuSeries?.reset();
     describeSlot();
     showError(booking.error, '');
+    window.GpuAdvice?.reset();
+    askAdvice();
     booking.dialog.showModal();
     const firstBox = booking.gpuList.querySelector('input');
     (gpu ? booking.purpose : (node && firstBox) || booking.node).focus();
@@ -621,9 +660,17 @@
     });
   }
 
-  booking.node.addEventListener('change', () => fillGpus(booking.node.value, []));
-  booking.start.addEventListener('input', describeSlot);
-  booking.end.addEventListener('input', describeSlot);
+  booking.node.addEventListener('change', () => {
+    fillGpus(booking.node.value, []);
+    askAdvice();
+  });
+  booking.gpuList.addEventListener('change', askAdvice);
+  for (const input of [booking.start, booking.end]) {
+    input.addEventListener('input', () => {
+      describeSlot();
+      askAdvice();
+    });
+  }
 
   booking.form.addEventListener('submit', async (event) => {
     event.preventDefault();
@@ -663,6 +710,7 @@
       showError(booking.error, error.message);
       if (error.code === 'slot_conflict' || error.code === 'reserved') {  // taken, or kept for a group: wait
         offerWaitlist(booking.error, chosen, instantOf(start), instantOf(end));
+        window.GpuAdvice?.refused(slotAsked());
       }
     } finally {
       booking.submit.disabled = false;
