@@ -85,6 +85,9 @@ class UsageRowSerializer(serializers.Serializer):
         allow_null=True, help_text="The energy priced with the tariffs (in currency); null where none priced it."
     )
     co2_kg = serializers.FloatField(allow_null=True, help_text="kg of CO₂e of the energy, with the tariffs.")
+    idle_node_hours = serializers.FloatField(
+        allow_null=True, help_text="By node, for booking admins: hours no booking held any of its GPUs."
+    )
 
 
 class UsageReportSerializer(serializers.Serializer):
@@ -98,6 +101,10 @@ class UsageReportSerializer(serializers.Serializer):
     has_cost = serializers.BooleanField(help_text="Whether any row has a cost (tariffs with prices are set).")
     has_co2 = serializers.BooleanField(help_text="Whether any row has a CO₂ figure.")
     currency = serializers.CharField(help_text="The currency of the costs (TARIFF_CURRENCY).")
+    idle_node_hours = serializers.FloatField(
+        allow_null=True, help_text="Booking admins: the fleet's hours with no booking on any GPU of a node."
+    )
+    node_hours = serializers.FloatField(allow_null=True, help_text="Booking admins: the fleet's node-hours.")
     total = UsageRowSerializer(allow_null=True, help_text="Null when rows may overlap (by group).")
 
 
@@ -128,6 +135,8 @@ def report_payload(*, start: datetime, end: datetime, by: str, viewer: Any) -> d
         "has_cost": report.has_cost,
         "has_co2": report.has_co2,
         "currency": settings.TARIFF_CURRENCY,
+        "idle_node_hours": None if report.idle_node_hours is None else round(report.idle_node_hours, 2),
+        "node_hours": None if report.node_hours is None else round(report.node_hours, 2),
         "total": None if by == "group" else report.total.as_dict(),
     }
 

@@ -35,6 +35,7 @@ CSV_COLUMNS = (
     ("energy_estimated", "energy estimated"),
     ("cost", "cost"),
     ("co2_kg", "CO2e kg"),
+    ("idle_node_hours", "fully idle node-hours"),
 )
 
 
@@ -92,6 +93,10 @@ def report_page(request: HttpRequest) -> HttpResponse:
             "report": report,
             "dimension": DIMENSION_LABELS[period["by"]],
             "csv_url": "usage.csv?" + urlencode({k: form.data[k] for k in ("start", "end", "by")}),
+            "show_idle_nodes": period["by"] == "node" and report["idle_node_hours"] is not None,
+            "by_node_link": None
+            if period["by"] == "node"
+            else "?" + urlencode({k: form.data[k] for k in ("start", "end")} | {"by": "node"}),
             "charts": {
                 "rows": report["rows"][:30],
                 "demand": demand["hours"],

@@ -11,6 +11,8 @@ For each row (a person, a group, a node or a GPU):
 - energy: kWh the booked GPUs used (their cards' energy counters: nodes/energy.py), and of that the kWh of
   measured minutes under the threshold (idle); estimated where a counter reset, a gap or a card without a
   counter made any part of it so. A MIG slice takes its share of its card's energy (accounting/rollup.py);
+- fully idle node-hours (booking admins, by node): hours no booking held any GPU of the node
+  (accounting/idle_nodes.py); the fleet's sum is in every admin's report;
 - released early: bookings released before their end during the period;
 - no-shows: bookings that ended in the period with utilisation readings from their GPUs but not
   one used minute. A booking whose node reported no utilisation is not counted either way:
@@ -38,6 +40,7 @@ from django.db.models import Count, DurationField, Exists, ExpressionWrapper, F,
 from django.db.models.functions import ExtractHour, ExtractIsoWeekDay, ExtractMinute, Greatest, Least
 from django.utils import timezone
 
+from accounting.idle_nodes import idle_node_hours
 from accounting.models import UsageHour
 from accounting.tariffs import Cost, usage_costs
 from nodes.models import Gpu, Node, card_share
@@ -71,6 +74,7 @@ class ReportRow:
     idle_energy_kwh: float | None = None
     energy_estimated: bool = False
     cost: Cost = field(default_factory=Cost)  # of the energy, with the admin's tariffs (accounting/tariffs.py)
+    idle_node_hours: float | None = None  # by node, for booking admins
 
     def add_energy(self, kwh: float | None, idle_kwh: float | None, estimated: bool) -> None:
         if kwh is not None:
@@ -100,6 +104,7 @@ class ReportRow:
             "energy_estimated": self.energy_estimated,
             "cost": None if self.cost.cost is None else round(self.cost.cost, 2),
             "co2_kg": None if self.cost.co2_kg is None else round(self.cost.co2_kg, 4),
+            "idle_node_hours": None if self.idle_node_hours is None else round(self.idle_node_hours, 2),
         }
 
 
@@ -109,6 +114,9 @@ class Report:
     end: datetime
     by: str
     rows: list[ReportRow] = field(default_factory=list)
+    # The fleet's fully idle node-hours and all its node-hours in the period: for booking admins only.
+    idle_node_hours: float | None = None
+    node_hours: float | None = None
 
     @property
     def has_unmeasured(self) -> bool:
@@ -141,6 +149,8 @@ class Report:
             total.no_show_gpu_hours += row.no_show_gpu_hours
             total.add_energy(row.energy_kwh, row.idle_energy_kwh, row.energy_estimated)
             total.cost += row.cost
+        if self.by == "node":
+            total.idle_node_hours = self.idle_node_hours
         return total
 
 
@@ -237,9 +247,18 @@ def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: d
     for missed in no_shows.values(key=F(_ALLOCATION_KEY[by]), **SHARE).annotate(booked=Sum(overlap)).order_by():
         row(missed["key"]).no_show_gpu_hours += _hours(missed["booked"]) * share_of(missed)
 
+    fleet: dict[str, float] = {}
+    if viewer.is_booking_admin:
+        idle = idle_node_hours(start=start, end=end, now=now)
+        if by == "node":  # every node, the unbooked ones too: those are the idle ones
+            for node_id, hours in idle.items():
+                row(node_id).idle_node_hours = hours
+        span = (max(start, min(end, now)) - start).total_seconds() / 3600
+        fleet = {"idle_node_hours": sum(idle.values()), "node_hours": span * len(idle)}
+
     _label(rows, by)
     ordered = sorted(rows.values(), key=lambda r: (-r.booked_gpu_hours, r.label))
-    return Report(start=start, end=end, by=by, rows=ordered)
+    return Report(start=start, end=end, by=by, rows=ordered, **fleet)
 
 
 def _label(rows: dict[int | None, ReportRow], by: str) -> None:

@@ -13,9 +13,10 @@ from accounting.models import Tariff, UsageHour
 from accounting.report import demand_by_hour_of_week, usage_report
 from accounting.rollup import rollup, rollup_recent
 from nodes.models import GpuMinute
+from reservations.models import MaintenanceWindow
 from reservations.services import reservation_create, reservation_release
 from tests.conftest import at
-from tests.factories import book, carve_mig
+from tests.factories import book, carve_mig, node_with_gpus
 
 pytestmark = pytest.mark.usefixtures("clock")
 DAY_START, DAY_END = at(-9), at(15)  # Monday 2030-01-07, 00:00 to 24:00 UTC
@@ -87,6 +88,7 @@ def test_per_person_booked_used_efficiency_releases_and_no_shows(day, carol):
         "energy_estimated": False,
         "cost": None,  # no tariff set
         "co2_kg": None,
+        "idle_node_hours": None,  # by node only
     }
     assert (rows["bob"]["booked_gpu_hours"], rows["bob"]["used_gpu_hours"]) == (4.0, 0.0)
     assert (rows["bob"]["energy_kwh"], rows["bob"]["idle_energy_kwh"], rows["bob"]["energy_estimated"]) == (
@@ -255,3 +257,28 @@ def test_a_mig_slice_s_booking_takes_its_share_of_its_card_s_energy_marked_estim
     assert (hour.energy_mj, hour.energy_estimated) == (60 * 3_000_000, True)
     row = by_label(usage_report(start=at(0), end=at(3), by="user", viewer=carol, now=at(3)))["alice"]
     assert (row["energy_kwh"], row["energy_estimated"]) == (0.05, True)
+
+
+def test_fully_idle_node_hours_per_node_and_for_the_fleet_for_admins_only(day, carol, alice, bob):
+    """Up to 20:00 gpu-a100 was held 10:00-12:00 and 13:00-17:00 (overlapping bookings count once; alice's
+    14:00 booking released at 15:00 within bob's); a spare node was under whole-node maintenance 00:00-06:00
+    (not idle) and had a pending request 07:00-08:00 (nothing opened: idle) and one GPU under maintenance
+    09:00-10:00 (the node's other GPU was free: idle)."""
+    spare = node_with_gpus(2, name="z-spare")
+    MaintenanceWindow.objects.create(node=spare, start=at(-9), end=at(-3))
+    MaintenanceWindow.objects.create(node=spare, gpu=spare.gpus.get(index=0), start=at(0), end=at(1))
+    book(bob, list(spare.gpus.all()), at(-2), at(-1), pending=True, direct=True)
+
+    report = usage_report(start=DAY_START, end=DAY_END, by="node", viewer=carol)
+
+    rows = by_label(report)
+    assert (rows["gpu-a100"]["idle_node_hours"], rows["z-spare"]["idle_node_hours"]) == (14.0, 14.0)
+    assert rows["z-spare"]["bookings"] == 0  # listed, though nobody booked it
+    assert (report.idle_node_hours, report.node_hours, report.total.idle_node_hours) == (28.0, 40.0, 28.0)
+    by_user = usage_report(start=DAY_START, end=DAY_END, by="user", viewer=carol)
+    assert (by_user.idle_node_hours, by_user.node_hours) == (28.0, 40.0)
+    assert {row.idle_node_hours for row in by_user.rows} == {None}
+
+    own = usage_report(start=DAY_START, end=DAY_END, by="node", viewer=alice)
+    assert (own.idle_node_hours, own.node_hours) == (None, None)  # a fleet figure: not a researcher's
+    assert [row.label for row in own.rows] == ["gpu-a100"]

@@ -63,6 +63,18 @@ def test_the_page_shows_the_table_and_the_heatmaps_data(day, carol, alice):  # n
     assert 'href="usage.csv?start=2030-01-07&amp;end=2030-01-07&amp;by=user"' in html
     own = page_for(alice).get("/reports/", {"start": "2030-01-07", "end": "2030-01-07"}).content.decode()
     assert '<th scope="row">bob</th>' not in own
+    # Admins: the fleet's fully idle node-hours (held 10-12 and 13-17 of the day so far, 20:00), linked by node.
+    assert "<strong>14 of 20 node-hours</strong> (70 %) had no booking" in html
+    assert 'href="?start=2030-01-07&amp;end=2030-01-07&amp;by=node">by node</a>' in html
+    assert 'id="idle-nodes"' not in own
+
+
+def test_by_node_an_admin_sees_each_nodes_fully_idle_hours(day, carol):  # noqa: F811
+    html = page_for(carol).get("/reports/", {"start": "2030-01-07", "end": "2030-01-07", "by": "node"}).content.decode()
+    assert '<th scope="col" class="num">Fully idle node-h</th>' in html
+    assert '<td class="num">14.0</td>\n      </tr>' in html
+    api = client_for(carol).get("/api/v1/reports/usage/", PERIOD | {"by": "node"}).json()
+    assert (api["idle_node_hours"], api["node_hours"], api["rows"][0]["idle_node_hours"]) == (14.0, 20.0, 14.0)
 
 
 def test_the_page_explains_a_bad_period(alice):
@@ -91,9 +103,10 @@ def test_the_csv_has_the_tables_rows(day, carol):  # noqa: F811
         "energy estimated",
         "cost",
         "CO2e kg",
+        "fully idle node-hours",  # by node only
     ]
-    assert ["alice", "2", "5.0", "2.0", "0.0", "0.4", "1", "0", "0.0", "0.42", "0.12", "False", "", ""] in rows
-    assert ["carol", "1", "1.0", "0.0", "0.0", "0.0", "0", "0", "0.0", "", "", "False", "", ""] in rows  # no energy
+    assert ["alice", "2", "5.0", "2.0", "0.0", "0.4", "1", "0", "0.0", "0.42", "0.12", "False", "", "", ""] in rows
+    assert ["carol", "1", "1.0", "0.0", "0.0", "0.0", "0", "0", "0.0", "", "", "False", "", "", ""] in rows
     assert page_for(carol).get("/reports/usage.csv", {"start": "bad"}).status_code == 400
 
 
@@ -118,4 +131,4 @@ def test_with_tariffs_the_page_api_and_csv_price_the_energy(day, carol, settings
             )
         )
     )
-    assert csv_rows[1][-2:] == ["0.13", "0.168"]
+    assert csv_rows[1][-3:-1] == ["0.13", "0.168"]
