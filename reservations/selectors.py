@@ -178,8 +178,9 @@ def taken_places(*, node_ids: Iterable[int], start: datetime, end: datetime) -> 
 def is_free(unit: Gpu, places: Iterable[Place], start: datetime, end: datetime) -> bool:
     """Whether no taken place of ``unit``'s card overlaps the unit's own placement within [start, end)."""
     low, high = unit.placement
+    card_id = unit.card_id  # a property: read once, not once per place
     for place in places:
-        same_part = place.card_id == unit.card_id and place.low < high and low < place.high
+        same_part = place.card_id == card_id and place.low < high and low < place.high
         if same_part and place.start < end and start < place.end:
             return False
     return True
