@@ -24,3 +24,11 @@ def test_an_admin_reads_the_usage_report_with_its_charts(page, live_server, day,
     page.get_by_text("The same as a table").click()
     expect(page.locator("#demand-rows tr").nth(10)).to_contain_text("3.0")
     screenshot("report")
+    expect(page.locator("#idle-nodes")).to_contain_text("14 of 20 node-hours (70 %) had no booking")
+
+    page.locator("#idle-nodes").get_by_role("link", name="by node").click()
+    table = page.locator(".report-table").first
+    expect(table.locator("thead")).to_contain_text("Fully idle node-h")
+    expect(table.locator("tbody tr", has_text="gpu-a100")).to_contain_text("14.0")
+    table.scroll_into_view_if_needed()
+    screenshot("report-by-node")
