@@ -389,6 +389,8 @@ def test_the_page_carries_its_config_and_the_vendored_calendar(alice, node):
         "reservations": "/api/v1/reservations/",
         "series": "/api/v1/series/",
         "waitlist": "/waitlist/",
+        "suggest": "/api/v1/availability/suggest/",
+        "length_advice": "/api/v1/me/length-advice/",
     }
     assert config["user"] == "alice"
     assert config["is_admin"] is False
