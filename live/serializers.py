@@ -23,6 +23,9 @@ class StatusTelemetrySerializer(serializers.Serializer):
     temperature_c = serializers.IntegerField(allow_null=True)
     slowdown_temperature_c = serializers.IntegerField(allow_null=True)
     power_w = serializers.FloatField(allow_null=True)
+    power_limit_w = serializers.FloatField(
+        allow_null=True, required=False, help_text="The card's power limit now: lowered by the node's idle power cap."
+    )
     ecc_errors_uncorrected = serializers.IntegerField(allow_null=True)
     processes = StatusProcessSerializer(many=True)
 

@@ -59,6 +59,12 @@ READINGS: list[tuple[str, str, str, Callable[[Any], float]]] = [
     ),
     ("gpubook_gpu_power_watts", "GPU power draw.", "power_w", float),
     (
+        "gpubook_gpu_power_limit_watts",
+        "GPU power limit now (lowered while the node's idle power cap holds the card).",
+        "power_limit_w",
+        float,
+    ),
+    (
         "gpubook_gpu_ecc_errors_uncorrected",
         "Uncorrected ECC errors the driver counts for the GPU (may fall back to 0 when the driver reloads).",
         "ecc_errors_uncorrected",

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
@@ -12,19 +14,31 @@ from nodes.liveness import node_online
 from nodes.mig import mig_layout_confirm
 from nodes.models import AgentState, Gpu, Node, NodeEvent
 from nodes.services import gpu_return_to_service, node_rotate_credentials
+from nodes.signals import node_power_policy_changed
 
 
 class GpuInline(admin.TabularInline):
     model = Gpu
     fk_name = "node"
     extra = 0
-    fields = ("index", "uuid", "model", "memory_mib", "bookable", "drained_at", "drain_reason")
-    readonly_fields = ("drained_at", "drain_reason")
+    fields = ("index", "uuid", "model", "memory_mib", "bookable", "drained_at", "drain_reason", "power_limit")
+    readonly_fields = ("drained_at", "drain_reason", "power_limit")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Gpu]:
+        return super().get_queryset(request).select_related("telemetry")
+
+    @admin.display(description="power limit now")
+    def power_limit(self, obj: Gpu) -> str:
+        """As the agent last reported it: lower than the card's default while the node's idle power cap holds it."""
+        reading = getattr(obj, "telemetry", None)  # none before the first report
+        if reading is None or reading.power_limit_w is None:
+            return "–"
+        return f"{reading.power_limit_w:.0f} W"
 
 
 @admin.register(Node)
 class NodeAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ("name", "hostname", "status", "requires_approval", "gpu_count", "agent")
+    list_display = ("name", "hostname", "status", "requires_approval", "gpu_count", "idle_power_cap", "agent")
     list_filter = ("status", "requires_approval")
     search_fields = ("name", "hostname", "description")
     inlines = [GpuInline]
@@ -50,6 +64,11 @@ class NodeAdmin(AuditedAdminMixin, admin.ModelAdmin):
         response["Cache-Control"] = "no-store"
         return response
 
+    def save_model(self, request: HttpRequest, obj: Node, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if change and "idle_power_limit_pct" in form.changed_data:  # the agent hears it with its next snapshot
+            node_power_policy_changed.send(sender=Node, node=obj, actor=request.user)
+
     def delete_model(self, request: HttpRequest, obj: Node) -> None:
         super().delete_model(request, obj)
         broker_users_forget([obj.name])  # a deleted node's broker user goes with it
@@ -70,6 +89,10 @@ class NodeAdmin(AuditedAdminMixin, admin.ModelAdmin):
         seen = timezone.localtime(state.last_seen).strftime("%Y-%m-%d %H:%M:%S")
         status = "online" if node_online(state, timezone.now()) else "OFFLINE"
         return f"{status} (last seen {seen}, snapshot v{state.applied_version})"
+
+    @admin.display(description="idle power cap", ordering="idle_power_limit_pct")
+    def idle_power_cap(self, obj: Node) -> str:
+        return "off" if obj.idle_power_limit_pct is None else f"{obj.idle_power_limit_pct} %"
 
     @admin.display(description="GPUs", ordering="gpu_total")
     def gpu_count(self, obj: Node) -> int:

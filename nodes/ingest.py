@@ -39,7 +39,7 @@ from nodes.usage import usage_record
 logger = logging.getLogger(__name__)
 
 TELEMETRY_FIELDS = (*GpuTelemetry.READINGS, "processes")
-EVENT_DETAIL_FIELDS = ("pid", "pids", "process", "version", "leases", "boundary", "drained")
+EVENT_DETAIL_FIELDS = ("pid", "pids", "process", "version", "leases", "boundary", "drained", "power_limit_w")
 # Events that act: an unkillable leftover drains its GPU, and these open or resolve alerts
 # (the receivers of node_events_recorded). Past the node's budget they are stored first, and act even
 # when not stored.

@@ -16,6 +16,8 @@ USER_MAX_LENGTH = protocol.TEXT_LIMITS["user"]
 # do not know max_length there: those lines carry a `type: ignore[call-arg]`.
 
 
+# Watts beyond any card's power draw or limit (a GB200 superchip's module: ~2,700 W).
+MAX_POWER_W = 100_000
 # Placements and slice counts beyond any card's (8 memory slices, 7 compute slices on today's MIG cards).
 MAX_CARD_SLICES = 64
 # The largest value the database columns these land in (PositiveIntegerField) hold, on PostgreSQL as on SQLite:
@@ -110,6 +112,9 @@ class EventSerializer(serializers.Serializer):
     leases = serializers.IntegerField(required=False, min_value=0, max_value=10**6)
     boundary = AwareDateTimeField(required=False)
     drained = serializers.BooleanField(required=False)
+    power_limit_w = serializers.FloatField(
+        required=False, min_value=0, max_value=MAX_POWER_W, help_text="The limit a power event set or tried (W)."
+    )
 
     def to_internal_value(self, data: object) -> dict:
         value = super().to_internal_value(data)
@@ -135,7 +140,7 @@ class SampleSerializer(serializers.Serializer):
     memory_total_mib = serializers.IntegerField(allow_null=True, min_value=0, max_value=INTEGER_MAX)
     temperature_c = serializers.IntegerField(allow_null=True, min_value=-100, max_value=300)
     slowdown_temperature_c = serializers.IntegerField(allow_null=True, required=False, min_value=-100, max_value=300)
-    power_w = serializers.FloatField(allow_null=True, min_value=0, max_value=100_000)
+    power_w = serializers.FloatField(allow_null=True, min_value=0, max_value=MAX_POWER_W)
     ecc_errors_uncorrected = serializers.IntegerField(allow_null=True, required=False, min_value=0, max_value=2**62)
     processes = ProcessSerializer(many=True, max_length=4096)  # type: ignore[call-arg]
     missing = serializers.ListField(child=serializers.CharField(max_length=40), required=False, max_length=20)
@@ -149,6 +154,14 @@ class SampleSerializer(serializers.Serializer):
     )
     energy_estimated = serializers.BooleanField(
         required=False, default=False, help_text="The counter is the card's power readings added up (no counter)."
+    )
+    # Agents before the idle power cap send none (gpubook_agent/power.py).
+    power_limit_w = serializers.FloatField(
+        allow_null=True,
+        required=False,
+        min_value=0,
+        max_value=MAX_POWER_W,
+        help_text="The card's power limit now (W); lowered while the node's idle power cap holds the card.",
     )
 
 

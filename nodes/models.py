@@ -3,8 +3,10 @@ from __future__ import annotations
 import secrets
 from fractions import Fraction
 
-from django.core.validators import RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
+
+from gpubook_agent.protocol import IDLE_POWER_LIMIT_PCT_MAX, IDLE_POWER_LIMIT_PCT_MIN
 
 # A node's name is also its Celery queue name (node.<name>) and appears in paths, so it is kept to
 # what a DNS label allows.
@@ -50,9 +52,29 @@ class Node(models.Model):
     broker_password_hash = models.CharField(max_length=64, blank=True, editable=False)
     # Every snapshot sent to the node carries a higher version; the agent refuses older ones.
     lease_version = models.PositiveBigIntegerField(default=0, editable=False)
+    # The idle power cap (docs/agent.md, "Power limits"): sent in every snapshot, applied by the agent.
+    idle_power_limit_pct = models.PositiveSmallIntegerField(
+        "idle power limit (%)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(IDLE_POWER_LIMIT_PCT_MIN), MaxValueValidator(IDLE_POWER_LIMIT_PCT_MAX)],
+        help_text=f"Lower the power limit of every card no booking holds to this percent of its default limit "
+        f"({IDLE_POWER_LIMIT_PCT_MIN}-{IDLE_POWER_LIMIT_PCT_MAX}; the card's own minimum at least); the agent puts "
+        "the limit back before a booking opens the card. Empty: off.",
+    )
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(idle_power_limit_pct__isnull=True)
+                | models.Q(
+                    idle_power_limit_pct__gte=IDLE_POWER_LIMIT_PCT_MIN,
+                    idle_power_limit_pct__lte=IDLE_POWER_LIMIT_PCT_MAX,
+                ),
+                name="node_idle_power_limit_pct_range",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -227,6 +249,9 @@ class GpuTelemetry(models.Model):
     energy_estimated = models.BooleanField(
         null=True, help_text="The counter is the card's power readings added up by the agent (the card keeps none)."
     )
+    power_limit_w = models.FloatField(
+        null=True, help_text="The card's power limit now (W): lower than its default while the idle power cap holds."
+    )
 
     # The measured values, as agents report them and pages show them (processes aside).
     READINGS = (
@@ -239,6 +264,7 @@ class GpuTelemetry(models.Model):
         "ecc_errors_uncorrected",
         "energy_mj",
         "energy_estimated",
+        "power_limit_w",
     )
 
     class Meta:
@@ -299,6 +325,9 @@ class NodeEvent(models.Model):
             "lease_refused",
             "Lease refused (no such ordinary account, or a MIG slice's card not in MIG mode)",
         )
+        POWER_CAPPED = "power_capped", "Power limit lowered (no booking)"
+        POWER_RESTORED = "power_restored", "Power limit given back"
+        POWER_FAILED = "power_failed", "Power limit not changed"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
     gpu = models.ForeignKey(Gpu, on_delete=models.SET_NULL, null=True, blank=True, related_name="events")

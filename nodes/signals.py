@@ -38,6 +38,10 @@ gpu_drained = PhasedSignal("gpu_drained")
 # An admin returned a drained GPU to service (sender=Gpu). gpu, actor.
 gpu_returned = PhasedSignal("gpu_returned")
 
+# An admin changed a node's idle power cap (Node.idle_power_limit_pct). node, actor. It reaches the agent in
+# the node's snapshot: reservations pushes one at once rather than at beat's next minute.
+node_power_policy_changed = PhasedSignal("node_power_policy_changed")
+
 # MIG slices its agent no longer reports were taken out of booking (nodes/mig.py). node, gpu_ids (the
 # slices), now. Bookings that name them are flagged and their holders told (alerts).
 mig_slices_gone = PhasedSignal("mig_slices_gone")

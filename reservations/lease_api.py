@@ -33,6 +33,12 @@ class AgentSnapshotSerializer(serializers.Serializer):
     issued_at = serializers.DateTimeField(help_text="Agents refuse a snapshot older than MAX_SNAPSHOT_AGE_SECONDS.")
     horizon_end = serializers.DateTimeField(help_text="Leases starting up to this moment are included.")
     leases = AgentLeaseSerializer(many=True)
+    idle_power_limit_pct = serializers.IntegerField(
+        allow_null=True,
+        required=False,
+        help_text="The idle power cap: cards no lease holds are limited to this percent of their default power "
+        "limit (null: off; docs/agent.md, 'Power limits').",
+    )
     signature = serializers.CharField(
         help_text="HMAC-SHA256 with the node's lease secret of the rest as canonical JSON (sorted keys, no "
         "spaces, ASCII): 64 lowercase hex digits (gpubook_agent/signing.py)."

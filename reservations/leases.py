@@ -72,13 +72,15 @@ def node_snapshot(*, node: Node, now: datetime) -> protocol.Snapshot:
         # snapshot is still newer than anything the agent holds, instead of refused for weeks.
         floor = int(now.timestamp() * 1000)
         Node.objects.filter(pk=node.pk).update(lease_version=Greatest(F("lease_version") + 1, Value(floor)))
-        current = Node.objects.only("name", "lease_secret", "lease_version").get(pk=node.pk)
+        current = Node.objects.only("name", "lease_secret", "lease_version", "idle_power_limit_pct").get(pk=node.pk)
         snapshot = protocol.snapshot(
             node=current.name,
             version=current.lease_version,
             issued_at=now,
             horizon_end=now + LEASE_HORIZON,
             leases=node_leases(node=current, now=now),
+            # The admins' idle power cap travels signed with the leases: the agent applies it by its own clock.
+            idle_power_limit_pct=current.idle_power_limit_pct,
         )
     snapshot["signature"] = sign(snapshot, current.lease_secret)
     return snapshot

@@ -12,6 +12,8 @@ from django.utils import timezone
 from accounts.models import User
 from accounts.signals import unix_username_changed, user_deactivated
 from audit.services import audit_record
+from nodes.models import Node
+from nodes.signals import node_power_policy_changed
 from reservations import services
 from reservations.freed import announce_freed_by
 from reservations.models import Allocation, Reservation
@@ -45,6 +47,12 @@ def announce_freed_capacity(
 def push_node_leases(sender: type, reservation: Reservation, **kwargs: Any) -> None:
     """The node hears of every committed change to its bookings (coalesced: reservations/pushes.py)."""
     request_push(reservation.node_id)
+
+
+@receiver(node_power_policy_changed.on_commit)
+def push_node_power_policy(sender: type, node: Node, **kwargs: Any) -> None:
+    """An admin changed the node's idle power cap: its agent gets it with a snapshot now (coalesced)."""
+    request_push(node.pk)
 
 
 @receiver(user_deactivated)

@@ -68,6 +68,9 @@ class AgentConfig:
     log_level: str = "INFO"
     # http:// for PORTAL_URL sends the node token in clear: only for the demo or a test network.
     allow_insecure_portal: bool = False
+    # Whether the agent may lower idle cards' power limits when the portal asks (the idle power cap, power.py):
+    # the node's root has the last word on its hardware. False: the portal's cap is refused, and reported.
+    allow_power_cap: bool = True
 
     @property
     def queue(self) -> str:
@@ -97,7 +100,7 @@ _KNOWN = (
     set(_REQUIRED)
     | set(_FLOATS)
     | set(_STRINGS)
-    | {"SIMULATED_GPUS", "END_VIOLATIONS", "PROTECTED_USERS", "ALLOW_INSECURE_PORTAL"}
+    | {"SIMULATED_GPUS", "END_VIOLATIONS", "PROTECTED_USERS", "ALLOW_INSECURE_PORTAL", "ALLOW_POWER_CAP"}
     | {"SIMULATED_MODEL", "SIMULATED_MEMORY_MIB", "SIMULATED_POWER_W", "SIMULATED_MIG"}
 )
 
@@ -184,6 +187,8 @@ def config_from_values(values: Mapping[str, str]) -> AgentConfig:
     kwargs.update(_simulated_card(values))
     if values.get("END_VIOLATIONS"):
         kwargs["end_violations"] = _boolean("END_VIOLATIONS", values["END_VIOLATIONS"])
+    if values.get("ALLOW_POWER_CAP"):
+        kwargs["allow_power_cap"] = _boolean("ALLOW_POWER_CAP", values["ALLOW_POWER_CAP"])
     if values.get("PROTECTED_USERS"):
         names = {item.strip() for item in values["PROTECTED_USERS"].split(",") if item.strip()}
         kwargs["protected_users"] = frozenset(names)

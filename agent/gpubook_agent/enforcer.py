@@ -13,6 +13,9 @@ card's other slices share, and its own capability files. Two things drive that:
 Nothing here waits on the portal or the broker: once a snapshot is stored, every end in it
 is enforced even if both are gone. The agent never extends a lease by itself.
 
+Every pass also applies the snapshot's idle power cap (power.py) before it grants anything: a card no
+lease holds is capped, a card a lease starts on gets its limit back first.
+
 Looking for processes (a /proc scan) and ending them (SIGTERM, wait, SIGKILL: seconds) run on
 a second thread, the checker, so the boundary timer is never held up by either.
 """
@@ -36,6 +39,7 @@ from gpubook_agent.access import AccessMap
 from gpubook_agent.accounts import CACHE_SECONDS, AccountCheck
 from gpubook_agent.config import AgentConfig
 from gpubook_agent.gpus import GpuBackend
+from gpubook_agent.power import PowerCap
 from gpubook_agent.snapshot import Lease, Snapshot, SnapshotRefused, check_fresh, decode_snapshot, parse_snapshot
 from gpubook_agent.store import SnapshotStore, StateFileIgnored
 
@@ -114,6 +118,7 @@ class Enforcer:
         self._threads: list[threading.Thread] = []
         # Changes to different files run side by side; each touches only its own files' state.
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent-acl")
+        self.power = PowerCap(backend=backend, cards=self.paths, report=report, allowed=config.allow_power_cap)
         self.refresh_layout()
 
     def refresh_layout(self) -> None:
@@ -376,8 +381,28 @@ class Enforcer:
     # -- making it so -----------------------------------------------------------------------
 
     def converge(self, now: datetime) -> None:
-        """Apply the difference between the wanted ACLs and the ones in force."""
-        self._enforce(self.desired(now), now)
+        """Apply the difference between the wanted ACLs and the ones in force; the idle power cap first."""
+        wanted = self.desired(now)
+        self._power(wanted)
+        self._enforce(wanted, now)
+
+    def _power(self, wanted: dict[str, set[str]]) -> None:
+        """Cap the cards no unit of which anyone holds now, give the others their limit back (power.py): before
+        the grants, so a booking starts at full power. A failure here never holds up a grant."""
+        snapshot = self._snapshot
+        try:
+            busy = {self.access.card_of(unit) for unit, users in wanted.items() if users}
+            self.power.converge(snapshot.idle_power_limit_pct if snapshot else None, busy)
+        except Exception:
+            log.exception("the idle power cap failed; enforcing the leases goes on")
+
+    def restore_power(self) -> None:
+        """On a clean stop: every card the agent capped gets its limit back (nothing would restore it for a
+        booking while the agent is stopped)."""
+        try:
+            self.power.restore_all("the agent stops")
+        except Exception:
+            log.exception("giving the cards their power limits back failed")
 
     def _enforce(self, wanted: dict[str, set[str]], now: datetime) -> None:
         """Bring every file to the users ``wanted`` (unit -> users) puts on it, then report per unit.
@@ -499,8 +524,10 @@ class Enforcer:
         self._persist_revocations(now)
 
     def reconcile(self, now: datetime) -> None:
-        """Read the layout and the real ACLs back and converge; then have the checker look at who uses each GPU."""
+        """Read the layout, the real ACLs and the power limits back and converge; then have the checker look at who
+        uses each GPU."""
         self.refresh_layout()
+        self.power.reread()
         self._read_files()
         self._adopt(self.desired(now))
         self.converge(now)
@@ -550,6 +577,10 @@ class Enforcer:
         for key, at in self._revoked_at.items():
             if at + grace > now and key[0] in self._held:
                 self._cleanups[key] = at + grace
+        try:  # the caps an agent killed before its clean stop left: the stored snapshot's policy tells them
+            self.power.adopt(snapshot.idle_power_limit_pct if snapshot else None)
+        except Exception:
+            log.exception("reading the cards' power limits at start failed")
         self.reconcile(now)
 
     def _granted_to(self, uuid: str, user: str, now: datetime) -> None:

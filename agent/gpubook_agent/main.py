@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         enforcer.stop()
         enforcer.revoke_all()  # fail closed: nothing enforces slot ends while the agent is stopped
+        enforcer.restore_power()  # and no idle power cap: nothing would lift it for a booking
         reporter.stop()  # after the enforcer, so its last events are sent
         backend.close()
     return worker.exitcode or 0

@@ -63,7 +63,14 @@ EVENT_KINDS = (
     "drain_cleared",
     "violation",
     "lease_refused",
+    "power_capped",
+    "power_restored",
+    "power_failed",
 )
+# The idle power cap (the portal's Node.idle_power_limit_pct, the agent's power.py): a card no lease holds is
+# limited to this share of its default power limit, a whole percent in this range (clamped to what the card
+# allows). Both sides check it: the portal when an admin sets it, the agent when a snapshot brings it.
+IDLE_POWER_LIMIT_PCT_MIN, IDLE_POWER_LIMIT_PCT_MAX = 10, 100
 
 
 # -- the bodies ----------------------------------------------------------------------------------------
@@ -94,6 +101,9 @@ class Snapshot(TypedDict):
     issued_at: str
     horizon_end: str  # leases starting up to this moment are included
     leases: list[Lease]
+    # The idle power cap, a percent of each card's default power limit (IDLE_POWER_LIMIT_PCT_MIN to _MAX); None:
+    # off. Left out by portals before it (off); agents before it ignore it.
+    idle_power_limit_pct: NotRequired[int | None]
     signature: NotRequired[str]
 
 
@@ -172,6 +182,9 @@ class GpuReading(TypedDict):
     # Agents before energy reporting leave these out (the portal takes none then).
     energy_mj: NotRequired[int | None]
     energy_estimated: NotRequired[bool]
+    # The card's power limit now (W), which the idle power cap lowers; None on a MIG slice (NVML gives it per
+    # card). Agents before the cap leave it out.
+    power_limit_w: NotRequired[float | None]
 
 
 class Telemetry(TypedDict):
@@ -195,6 +208,7 @@ class Event(TypedDict, total=False):
     leases: int  # how many the applied snapshot holds
     boundary: str  # the lease start or end behind a grant or a revocation
     drained: bool
+    power_limit_w: float  # the limit a power_capped or power_restored event set (W)
 
 
 class Events(TypedDict):
@@ -219,7 +233,15 @@ def lease(*, reservation: int, user: str, gpus: Iterable[str], start: datetime, 
     }
 
 
-def snapshot(*, node: str, version: int, issued_at: datetime, horizon_end: datetime, leases: list[Lease]) -> Snapshot:
+def snapshot(
+    *,
+    node: str,
+    version: int,
+    issued_at: datetime,
+    horizon_end: datetime,
+    leases: list[Lease],
+    idle_power_limit_pct: int | None = None,
+) -> Snapshot:
     """The unsigned snapshot (signing.signed adds the signature)."""
     return {
         "node": node,
@@ -227,6 +249,7 @@ def snapshot(*, node: str, version: int, issued_at: datetime, horizon_end: datet
         "issued_at": issued_at.isoformat(),
         "horizon_end": horizon_end.isoformat(),
         "leases": leases,
+        "idle_power_limit_pct": idle_power_limit_pct,
     }
 
 

@@ -1,7 +1,8 @@
 """Checking a lease snapshot before the agent believes it.
 
 A snapshot is accepted only whole: signed with this node's secret, addressed to this node,
-and with every lease well formed (a valid username, GPU UUIDs, aware times, end after start).
+with every lease well formed (a valid username, GPU UUIDs, aware times, end after start), and
+its idle power cap, when it has one, a whole percent in the protocol's range.
 One bad lease refuses the lot: a signed snapshot with hostile content means something upstream
 is wrong, and the safe answer is to keep enforcing the last good one.
 
@@ -19,6 +20,7 @@ from datetime import datetime, timedelta
 from itertools import accumulate
 from typing import Any
 
+from gpubook_agent.protocol import IDLE_POWER_LIMIT_PCT_MAX, IDLE_POWER_LIMIT_PCT_MIN
 from gpubook_agent.signing import verify
 from gpubook_agent.usernames import valid_username
 
@@ -70,6 +72,8 @@ class Snapshot:
     issued_at: datetime
     leases: tuple[Lease, ...]
     raw: dict[str, Any]
+    # The idle power cap the portal asks for (power.py): a percent of each card's default limit; None: off.
+    idle_power_limit_pct: int | None = None
 
 
 def parse_snapshot(raw: Any, *, node_name: str, secret: str) -> Snapshot:
@@ -94,6 +98,7 @@ def parse_snapshot(raw: Any, *, node_name: str, secret: str) -> Snapshot:
             issued_at=issued_at,
             leases=tuple(_lease(item, position) for position, item in enumerate(leases)),
             raw=raw,
+            idle_power_limit_pct=_idle_power_limit_pct(raw.get("idle_power_limit_pct")),
         )
     except SnapshotRefused as refusal:
         refusal.version = version  # authentic, and refused all the same
@@ -199,6 +204,22 @@ def _lease(item: Any, position: int) -> Lease:
     if end <= start:
         raise SnapshotRefused(f"{where}: ends before it starts")
     return Lease(reservation=reservation, user=user, gpus=tuple(gpus), start=start, end=end)
+
+
+def _idle_power_limit_pct(value: Any) -> int | None:
+    """The idle power cap: absent or null (off), or a whole percent the protocol allows."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or not IDLE_POWER_LIMIT_PCT_MIN <= value <= IDLE_POWER_LIMIT_PCT_MAX
+    ):
+        raise SnapshotRefused(
+            f"idle_power_limit_pct {value!r}: must be a whole percent from {IDLE_POWER_LIMIT_PCT_MIN} to "
+            f"{IDLE_POWER_LIMIT_PCT_MAX}, or null"
+        )
+    return value
 
 
 def _aware(value: Any, what: str) -> datetime:

@@ -254,7 +254,9 @@
       const temp = reading.temperature_c;
       const hot = known(temp) && known(reading.slowdown_temperature_c) ? temp >= reading.slowdown_temperature_c - 5 : temp >= 85;
       metrics.append(metric('temperature', 'Temperature', known(temp) ? `${temp} °C` : 'n/a', null, hot));
-      metrics.append(metric('power', 'Power', known(reading.power_w) ? `${Math.round(reading.power_w)} W` : 'n/a', null));
+      // The limit too: lower than usual on an idle card the node's power cap holds (docs/agent.md, "Power limits").
+      const limit = known(reading.power_limit_w) ? ` of ${Math.round(reading.power_limit_w)} W` : '';
+      metrics.append(metric('power', 'Power', known(reading.power_w) ? `${Math.round(reading.power_w)} W${limit}` : 'n/a', null));
       card.append(metrics);
       card.append(sparkline(gpu.id));
     } else {

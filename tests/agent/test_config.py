@@ -312,6 +312,13 @@ def test_a_bad_boolean_is_refused(raw):
         config_from_values({**REQUIRED, "END_VIOLATIONS": raw})
 
 
+def test_power_caps_are_allowed_unless_the_node_refuses_them():
+    assert config_from_values(REQUIRED).allow_power_cap is True
+    assert config_from_values({**REQUIRED, "ALLOW_POWER_CAP": "false"}).allow_power_cap is False
+    with pytest.raises(ConfigError, match="ALLOW_POWER_CAP must be true or false"):
+        config_from_values({**REQUIRED, "ALLOW_POWER_CAP": "sometimes"})
+
+
 def test_an_unknown_backend_is_refused():
     with pytest.raises(ConfigError, match="BACKEND must be nvml or simulated, not 'cuda'"):
         config_from_values({**REQUIRED, "BACKEND": "cuda"})

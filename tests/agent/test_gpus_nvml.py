@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,8 +17,16 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpubook_agent.gpus import BackendUnavailable, GpuBackend, GpuProcess, open_backend
+from gpubook_agent.gpus import (
+    BackendUnavailable,
+    GpuBackend,
+    GpuProcess,
+    PowerLimitError,
+    PowerLimits,
+    open_backend,
+)
 from gpubook_agent.gpus.simulated import mig_minors_text
+from gpubook_agent.power import PowerCap
 
 MIB = 1024 * 1024
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
@@ -53,6 +62,13 @@ class FakeGpu:
     # GPM (Hopper and newer): each GPU instance's busy time so far, in ms of the card's GPM clock.
     gpm: bool = False
     gpm_busy_ms: dict[int, float] = field(default_factory=dict)
+    # Power management limits in mW, as NVML keeps them (an A100-SXM4's): the range a limit may be set in, the
+    # default after a driver load, the one in force; and every limit set, in order.
+    power_min_mw: int = 100_000
+    power_max_mw: int = 400_000
+    power_default_mw: int = 400_000
+    power_limit_mw: int = 400_000
+    power_limits_set: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -75,6 +91,10 @@ class FakeMig(FakeGpu):
             "nvmlDeviceGetTotalEnergyConsumption",
             "nvmlDeviceGetTotalEccErrors",
             "nvmlDeviceGetMinorNumber",
+            "nvmlDeviceGetPowerManagementLimitConstraints",
+            "nvmlDeviceGetPowerManagementDefaultLimit",
+            "nvmlDeviceGetPowerManagementLimit",
+            "nvmlDeviceSetPowerManagementLimit",
         )
         self.failing = {name: pynvml.NVML_ERROR_NOT_SUPPORTED for name in unsupported} | self.failing
 
@@ -189,6 +209,28 @@ class FakeNvml:
     def nvmlDeviceGetTotalEnergyConsumption(self, gpu: FakeGpu) -> int:
         self._check("nvmlDeviceGetTotalEnergyConsumption", gpu)
         return gpu.energy_mj
+
+    # -- power limits, as NVML documents them: milliwatts; setting one needs root and a value in the range -----
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, gpu: FakeGpu) -> list[int]:
+        self._check("nvmlDeviceGetPowerManagementLimitConstraints", gpu)
+        return [gpu.power_min_mw, gpu.power_max_mw]
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetPowerManagementDefaultLimit", gpu)
+        return gpu.power_default_mw
+
+    def nvmlDeviceGetPowerManagementLimit(self, gpu: FakeGpu) -> int:
+        self._check("nvmlDeviceGetPowerManagementLimit", gpu)
+        return gpu.power_limit_mw
+
+    def nvmlDeviceSetPowerManagementLimit(self, gpu: FakeGpu, limit: int) -> None:
+        self._check("nvmlDeviceSetPowerManagementLimit", gpu)
+        ctypes.c_uint(limit)  # what pynvml passes: a float raises TypeError there, as it would in the real call
+        if not gpu.power_min_mw <= limit <= gpu.power_max_mw:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu.power_limit_mw = limit
+        gpu.power_limits_set.append(limit)
 
     def nvmlDeviceGetTotalEccErrors(self, gpu: FakeGpu, error_type: int, counter_type: int) -> int:
         self._check("nvmlDeviceGetTotalEccErrors", gpu)
@@ -557,6 +599,95 @@ def test_a_sample_is_json_ready(nvml, tmp_path):
     assert data[1]["missing"] == ["power_w", "ecc_errors_uncorrected"]
 
 
+# -- power limits (the idle power cap: gpubook_agent/power.py) -------------------------------------------------
+
+
+def test_power_limits_are_read_in_watts_from_nvmls_milliwatts(nvml, tmp_path):
+    nvml.gpus[1].power_limit_mw = 160_000
+    backend = open_backend("nvml", device_dir=str(tmp_path), node_name="gpu-a100")
+    limits = backend.power_limits(UUID_A)
+    sample = _by_uuid(backend)[UUID_A]
+    backend.close()
+
+    assert limits == PowerLimits(min_w=100.0, max_w=400.0, default_w=400.0, current_w=160.0)
+    assert sample.power_limit_w == 160.0
+    assert "power_limit_w" not in sample.missing
+
+
+def test_a_power_limit_is_set_in_whole_milliwatts(nvml, tmp_path):
+    backend = open_backend("nvml", device_dir=str(tmp_path), node_name="gpu-a100")
+    backend.set_power_limit(UUID_A, 160.0)
+    backend.set_power_limit(UUID_A, 123.4567)
+    backend.close()
+
+    assert nvml.gpus[1].power_limits_set == [160_000, 123_457]  # pynvml passes a c_uint: a float would raise
+
+
+@pytest.mark.parametrize(
+    ("code", "why"),
+    [
+        (pynvml.NVML_ERROR_NOT_SUPPORTED, "the card does not support power limits (NOT_SUPPORTED)"),
+        (pynvml.NVML_ERROR_NO_PERMISSION, "changing a power limit needs root (NO_PERMISSION)"),
+        (pynvml.NVML_ERROR_INVALID_ARGUMENT, "outside the card's range (INVALID_ARGUMENT)"),
+        (pynvml.NVML_ERROR_GPU_IS_LOST, "NVMLError_GpuIsLost"),
+    ],
+)
+def test_a_refused_power_limit_is_a_power_limit_error_that_says_why(nvml, tmp_path, code, why):
+    nvml.gpus[1].failing["nvmlDeviceSetPowerManagementLimit"] = code
+    backend = open_backend("nvml", device_dir=str(tmp_path), node_name="gpu-a100")
+    try:
+        with pytest.raises(PowerLimitError, match=re.escape(f"NVML refused the power limit 160 W: {why}")):
+            backend.set_power_limit(UUID_A, 160.0)
+    finally:
+        backend.close()
+    assert nvml.gpus[1].power_limit_mw == 400_000
+
+
+def test_a_card_without_power_management_has_no_limits_and_reports_its_limit_missing(nvml, tmp_path):
+    gpu = nvml.gpus[0]  # B
+    for name in ("nvmlDeviceGetPowerManagementLimitConstraints", "nvmlDeviceGetPowerManagementLimit"):
+        gpu.failing[name] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    backend = open_backend("nvml", device_dir=str(tmp_path), node_name="gpu-a100")
+    try:
+        with pytest.raises(PowerLimitError, match=re.escape("does not support power limits (NOT_SUPPORTED)")):
+            backend.power_limits(UUID_B)
+        sample = _by_uuid(backend)[UUID_B]
+    finally:
+        backend.close()
+
+    assert sample.power_limit_w is None
+    assert "power_limit_w" in sample.missing
+
+
+def test_the_idle_power_cap_sets_milliwatts_and_reports_a_card_that_refuses_without_raising(nvml, tmp_path):
+    nvml.gpus[0].failing["nvmlDeviceSetPowerManagementLimit"] = pynvml.NVML_ERROR_NOT_SUPPORTED  # B
+    backend = open_backend("nvml", device_dir=str(tmp_path), node_name="gpu-a100")
+    events: list[tuple[str, dict[str, Any]]] = []
+    cap = PowerCap(
+        backend=backend,
+        cards=[gpu.uuid for gpu in backend.gpus()],
+        report=lambda kind, **fields: events.append((kind, fields)),
+        allowed=True,
+    )
+    try:
+        for _ in range(3):
+            cap.converge(40, busy=set())
+        cap.converge(40, busy={UUID_A})  # a lease starts on A
+    finally:
+        backend.close()
+
+    assert nvml.gpus[1].power_limits_set == [160_000, 400_000]
+    assert nvml.gpus[0].power_limits_set == []
+    assert [(kind, fields["gpu"]) for kind, fields in events] == [
+        ("power_capped", UUID_A),
+        ("power_failed", UUID_B),  # once, not at every pass
+        ("power_restored", UUID_A),
+    ]
+    assert events[1][1]["message"] == (
+        "NVML refused the power limit 160 W: the card does not support power limits (NOT_SUPPORTED)"
+    )
+
+
 def test_without_a_gpu_driver_the_nvml_backend_is_unavailable(tmp_path):
     """No fakes: on a machine without an NVIDIA driver (CI, laptops) this is what a person sees."""
     try:
@@ -728,6 +859,7 @@ def test_each_slice_is_sampled_on_its_own_handle(mig_nvml, tmp_path):
         "power_w",
         "ecc_errors_uncorrected",
         "energy_mj",  # NVML counts energy per card
+        "power_limit_w",  # and power limits
     }
     assert sample.energy_mj is None
 

@@ -93,6 +93,29 @@ def test_other_offsets_and_mig_devices_are_accepted():
     assert accepted.start.utcoffset() == timedelta(hours=2)
 
 
+def test_the_idle_power_cap_is_off_unless_the_snapshot_names_one():
+    assert parse(signed(body(), SECRET)).idle_power_limit_pct is None  # a portal before the cap
+    assert parse(signed(body(idle_power_limit_pct=None), SECRET)).idle_power_limit_pct is None
+    assert parse(signed(body(idle_power_limit_pct=40), SECRET)).idle_power_limit_pct == 40
+    assert parse(signed(body(idle_power_limit_pct=10), SECRET)).idle_power_limit_pct == 10
+    assert parse(signed(body(idle_power_limit_pct=100), SECRET)).idle_power_limit_pct == 100
+
+
+@pytest.mark.parametrize("pct", [9, 0, -40, 101, 1000, 40.0, "40", True, [40]])
+def test_it_refuses_an_idle_power_cap_outside_the_protocols_range(pct):
+    with pytest.raises(SnapshotRefused) as raised:
+        parse(signed(body(idle_power_limit_pct=pct), SECRET))
+
+    assert str(raised.value) == f"idle_power_limit_pct {pct!r}: must be a whole percent from 10 to 100, or null"
+    assert raised.value.version == 3  # authentic: counted as seen, not pulled again
+
+
+def test_the_idle_power_cap_is_covered_by_the_signature():
+    raw = signed(body(idle_power_limit_pct=40), SECRET)
+
+    assert refused({**raw, "idle_power_limit_pct": 10}) == "bad or missing signature"
+
+
 @pytest.mark.parametrize("raw", [None, [], "snapshot", 7, [("node", NODE)]])
 def test_it_refuses_what_is_not_an_object(raw):
     assert refused(raw) == "not a snapshot object"

@@ -490,3 +490,24 @@ def test_availability_skips_reserved_gpus_for_non_members_only(alice, bob, visio
     assert start(for_alice) == at(0)
     assert start(three) == at(0) and three["gpu_indexes"] == [1, 2, 3]
     assert start(two_later) == at(3)
+
+
+def test_suggestions_skip_reserved_gpus_for_non_members_only(alice, bob, vision, node, gpus):
+    """GPUs 0-2 are vision's from 10:00 to 13:00: bob is offered GPU 3 then, or the three after 13:00; alice, a
+    member, the asked time."""
+    reserve(vision, node, gpus=gpus[:3], start=at(1), end=at(4))
+    query = {"gpus": 3, "hours": 1, "start": at(1).isoformat()}
+
+    for_bob = client_for(bob).get("/api/v1/availability/suggest/", query).json()
+    for_alice = client_for(alice).get("/api/v1/availability/suggest/", query).json()
+
+    assert (for_bob["asked"]["free"], for_alice["asked"]["free"]) == (False, True)
+    assert all(
+        datetime.fromisoformat(item["end"]) <= at(1) or datetime.fromisoformat(item["start"]) >= at(4)
+        for item in for_bob["suggestions"]
+    )
+    assert datetime.fromisoformat(for_alice["suggestions"][0]["start"]) == at(1)
+    one = client_for(bob).get("/api/v1/availability/suggest/", {**query, "gpus": 1}).json()
+    assert one["suggestions"][0]["gpu_indexes"] == [3] and datetime.fromisoformat(one["suggestions"][0]["start"]) == at(
+        1
+    )

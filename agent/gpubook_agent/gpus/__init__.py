@@ -2,7 +2,8 @@
 
 The rest of the agent sees only ``GpuBackend``: which GPUs exist (by UUID, the identity the
 portal books), which device file grants access to each, the MIG slices of cards in MIG mode and
-the files that open each slice (mig.py), and a telemetry sample. GPUs are never
+the files that open each slice (mig.py), a telemetry sample, and each card's power limits (the idle
+power cap, power.py, reads and sets them). GPUs are never
 identified by enumeration order, which changes with ``CUDA_VISIBLE_DEVICES``, reboots and
 hardware swaps; the device file comes from the minor number the driver reports.
 
@@ -13,7 +14,15 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from gpubook_agent.gpus.base import BackendUnavailable, GpuBackend, GpuInfo, GpuProcess, GpuSample
+from gpubook_agent.gpus.base import (
+    BackendUnavailable,
+    GpuBackend,
+    GpuInfo,
+    GpuProcess,
+    GpuSample,
+    PowerLimitError,
+    PowerLimits,
+)
 from gpubook_agent.gpus.mig import CAPS_DIR, MIG_MINORS_FILE, MigCardInfo, MigSliceInfo
 from gpubook_agent.protocol import BACKENDS
 
@@ -26,6 +35,8 @@ __all__ = [
     "GpuSample",
     "MigCardInfo",
     "MigSliceInfo",
+    "PowerLimitError",
+    "PowerLimits",
     "open_backend",
     "open_configured_backend",
 ]

@@ -48,6 +48,8 @@ class GpuSample:
     # power readings added up because the card has no counter. None on a MIG slice: NVML counts per card.
     energy_mj: int | None = None
     energy_estimated: bool = False
+    # The card's power limit now (W): what the idle power cap (power.py) lowers. None on a MIG slice.
+    power_limit_w: float | None = None
 
     def as_dict(self) -> GpuReading:
         """JSON-ready, as reported to the portal (lists, not tuples)."""
@@ -64,7 +66,24 @@ class GpuSample:
             "missing": list(self.missing),
             "energy_mj": self.energy_mj,
             "energy_estimated": self.energy_estimated,
+            "power_limit_w": self.power_limit_w,
         }
+
+
+@dataclass(frozen=True)
+class PowerLimits:
+    """A card's power limits, in watts: the range the card accepts for its limit, the limit it starts with (after
+    a driver load), and the one in force now."""
+
+    min_w: float
+    max_w: float
+    default_w: float
+    current_w: float
+
+
+class PowerLimitError(Exception):
+    """A card's power limit could not be read or changed (not supported on the card, not root, the GPU lost);
+    the message says which, for the node's event."""
 
 
 class BackendUnavailable(Exception):
@@ -98,6 +117,15 @@ class GpuBackend(Protocol):
 
     def sample(self) -> list[GpuSample]:
         """One telemetry sample per GPU, in the order of ``gpus()``, then one per MIG slice."""
+        ...
+
+    def power_limits(self, uuid: str) -> PowerLimits:
+        """A card's power limits, read now; PowerLimitError when the card or driver cannot say (KeyError for a
+        UUID that is not one of this node's cards)."""
+        ...
+
+    def set_power_limit(self, uuid: str, watts: float) -> None:
+        """Set a card's power limit (within its ``power_limits`` range); PowerLimitError when refused."""
         ...
 
     def close(self) -> None: ...

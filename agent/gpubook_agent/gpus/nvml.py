@@ -13,6 +13,10 @@ layout is read again on every call: instances are created and destroyed while th
 hands a destroyed instance's handle to new ones. Telemetry samples each slice on its own handle too, and
 its utilisation, which NVML gives no MIG device, from GPM where the card has it (gpm.py).
 
+Power limits (the idle power cap, power.py) are NVML's power management limits, in milliwatts: the range
+(``nvmlDeviceGetPowerManagementLimitConstraints``), the default (``...DefaultLimit``), the one in force
+(``...Limit``), and ``nvmlDeviceSetPowerManagementLimit``, which needs root and lasts until the driver unloads.
+
 This module and gpm.py are the only ones in the agent that import pynvml.
 """
 
@@ -29,7 +33,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from gpubook_agent.gpus import mig
-from gpubook_agent.gpus.base import BackendUnavailable, GpuInfo, GpuProcess, GpuSample
+from gpubook_agent.gpus.base import BackendUnavailable, GpuInfo, GpuProcess, GpuSample, PowerLimitError, PowerLimits
 from gpubook_agent.gpus.energy import PowerIntegral
 from gpubook_agent.gpus.gpm import GpmMeter
 from gpubook_agent.gpus.mig import MigCardInfo, MigSliceInfo
@@ -62,6 +66,17 @@ class GpuInstanceProfile:
 def _text(value: str | bytes) -> str:
     """pynvml returns str in recent releases and bytes in some older ones."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _power_error(error: Exception) -> str:
+    """What a power-limit call's failure means, for the node's event."""
+    if isinstance(error, pynvml.NVMLError_NotSupported):
+        return "the card does not support power limits (NOT_SUPPORTED)"
+    if isinstance(error, pynvml.NVMLError_NoPermission):
+        return "changing a power limit needs root (NO_PERMISSION)"
+    if isinstance(error, pynvml.NVMLError_InvalidArgument):
+        return "outside the card's range (INVALID_ARGUMENT)"
+    return f"{type(error).__name__}: {error}"
 
 
 def _mib(num_bytes: int | None) -> int | None:
@@ -359,6 +374,27 @@ class NvmlBackend:
         samples.extend(self._slice_utilization(item, self._sample_one(item.uuid, handle)) for item, handle in slices)
         return samples
 
+    # -- power limits -------------------------------------------------------------------------------------
+
+    def power_limits(self, uuid: str) -> PowerLimits:
+        handle = self._handles[uuid]  # KeyError for a card this node does not have
+        try:
+            low, high = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
+            default = pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle)
+            current = pynvml.nvmlDeviceGetPowerManagementLimit(handle)
+        except NVML_ERRORS as error:
+            raise PowerLimitError(f"NVML cannot read the card's power limits: {_power_error(error)}") from error
+        return PowerLimits(
+            min_w=int(low) / 1000, max_w=int(high) / 1000, default_w=int(default) / 1000, current_w=int(current) / 1000
+        )
+
+    def set_power_limit(self, uuid: str, watts: float) -> None:
+        handle = self._handles[uuid]
+        try:
+            pynvml.nvmlDeviceSetPowerManagementLimit(handle, round(watts * 1000))
+        except NVML_ERRORS as error:
+            raise PowerLimitError(f"NVML refused the power limit {watts:.0f} W: {_power_error(error)}") from error
+
     def _slice_utilization(self, item: MigSliceInfo, sample: GpuSample) -> GpuSample:
         """The slice's sample with its GPU instance's GPM utilisation, where NVML gave none and the card has GPM."""
         card_handle = self._handles[item.card]
@@ -396,6 +432,7 @@ class NvmlBackend:
             "slowdown_temperature_c",
         )
         power = read(lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, "power_w")
+        power_limit = read(lambda: pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0, "power_limit_w")
         energy = read(lambda: int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)), "energy_mj")
         estimated = False
         if energy is None and power is not None:  # no counter on this card (before Volta): its power added up
@@ -423,6 +460,7 @@ class NvmlBackend:
             missing=tuple(missing),
             energy_mj=energy,
             energy_estimated=estimated,
+            power_limit_w=power_limit,
         )
 
     def _processes(self, uuid: str, handle: Any, missing: list[str]) -> tuple[GpuProcess, ...]:

@@ -14,6 +14,10 @@ profiles; several cards separated by ``;``). The layout is checked and placed by
 ``<caps_dir>/nvidia-cap<N>`` (root-only, like the device files) and a stand-in mig-minors file in the
 driver's format, so a job on a slice is a process that opens the card's file and the slice's two
 capability files, as CUDA does.
+
+Each card has a power limit, ``SIMULATED_POWER_W`` until the agent sets another (``set_power_limit``, within a
+quarter of it and all of it, as real cards allow), kept in memory as the driver keeps it; a card's simulated
+power never exceeds its limit, so the idle power cap (power.py) shows in its readings.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 
 from gpubook_agent import procfs
 from gpubook_agent.gpus import mig
-from gpubook_agent.gpus.base import BackendUnavailable, GpuInfo, GpuProcess, GpuSample
+from gpubook_agent.gpus.base import BackendUnavailable, GpuInfo, GpuProcess, GpuSample, PowerLimitError, PowerLimits
 from gpubook_agent.gpus.energy import PowerIntegral
 from gpubook_agent.gpus.mig import MigCardInfo, MigSliceInfo
 
@@ -47,6 +51,9 @@ IDLE_C, FULL_C, SLOWDOWN_C = 30, 75, 90
 # Power as a share of the card's limit: real cards idle at 10-20 % of it (an A100-SXM4 at ~60 of 400 W)
 # and run near, not at, the limit under a full load.
 IDLE_POWER_SHARE, FULL_POWER_SHARE = 0.15, 0.9
+# The range a card's power limit may be set in, as a share of its default limit: real cards go down to about a
+# quarter of it (an A100-SXM4: 100 of 400 W; an H100-SXM5: 200 of 700 W), and these none above it.
+MIN_POWER_LIMIT_SHARE = 0.25
 
 # The demo's stand-in device files live under <root>/<node>/dev: outside the checkout, whose parent folders
 # may be private, so that the demo users' own jobs reach the files their ACLs open (demo_agents, demo_jobs).
@@ -254,6 +261,7 @@ class SimulatedBackend:
         self.driver_version: str | None = "simulated"
         self.device_dir = device_dir
         self.memory_mib = memory_mib
+        self.power_w = power_w
         self.idle_w = power_w * IDLE_POWER_SHARE
         self.full_w = power_w * FULL_POWER_SHARE
         self._gpus = [
@@ -264,6 +272,7 @@ class SimulatedBackend:
         _create_device_files(device_dir, self._paths.values())
         self._ticks = itertools.count()
         self._energy = PowerIntegral()  # the cards' energy counters: their simulated power over real time
+        self._power_limits = {gpu.uuid: power_w for gpu in self._gpus}  # the driver's: from its "load", in memory
         self.node_name = node_name
         self.caps_dir = caps_dir or os.path.join(device_dir, "nvidia-caps")
         self.mig_minors_file = mig_minors_file or os.path.join(device_dir, "mig-minors")
@@ -368,6 +377,24 @@ class SimulatedBackend:
         _create_device_files(self.caps_dir, caps)
         return minors
 
+    # -- power limits ------------------------------------------------------------------------------------
+
+    def power_limits(self, uuid: str) -> PowerLimits:
+        current = self._power_limits[uuid]  # KeyError for a card this node does not have
+        return PowerLimits(
+            min_w=self.power_w * MIN_POWER_LIMIT_SHARE, max_w=self.power_w, default_w=self.power_w, current_w=current
+        )
+
+    def set_power_limit(self, uuid: str, watts: float) -> None:
+        if uuid not in self._power_limits:
+            raise KeyError(uuid)
+        low = self.power_w * MIN_POWER_LIMIT_SHARE
+        if not low <= watts <= self.power_w:  # as NVML: INVALID_ARGUMENT outside the card's range
+            raise PowerLimitError(
+                f"the power limit {watts:.0f} W is outside the card's range ({low:.0f}-{self.power_w:.0f} W)"
+            )
+        self._power_limits[uuid] = float(watts)
+
     # -- telemetry ---------------------------------------------------------------------------------------
 
     def sample(self) -> list[GpuSample]:
@@ -396,13 +423,22 @@ class SimulatedBackend:
             power_w=None,
             ecc_errors_uncorrected=None,
             processes=tuple(GpuProcess(pid=pid, used_memory_mib=each) for pid in pids),
-            missing=("temperature_c", "slowdown_temperature_c", "power_w", "ecc_errors_uncorrected", "energy_mj"),
+            missing=(
+                "temperature_c",
+                "slowdown_temperature_c",
+                "power_w",
+                "ecc_errors_uncorrected",
+                "energy_mj",
+                "power_limit_w",
+            ),
         )
 
     def _sample_one(self, gpu: GpuInfo, pids: list[int], tick: int) -> GpuSample:
         utilization = busy_utilization(len(pids), gpu.index, tick)
         each = process_mib(self.memory_mib, len(pids))
-        power = round(self.idle_w + (self.full_w - self.idle_w) * utilization / 100, 1)
+        limit = self._power_limits[gpu.uuid]
+        # A card draws no more than its limit: the driver lowers its clocks to stay under it.
+        power = round(min(self.idle_w + (self.full_w - self.idle_w) * utilization / 100, limit), 1)
         return GpuSample(
             uuid=gpu.uuid,
             utilization_pct=utilization,
@@ -415,6 +451,7 @@ class SimulatedBackend:
             processes=tuple(GpuProcess(pid=pid, used_memory_mib=each) for pid in pids),
             missing=(),
             energy_mj=self._energy.add(gpu.uuid, power),  # the card's own counter, as NVML's: not estimated
+            power_limit_w=limit,
         )
 
     def reset_energy(self, uuid: str) -> None:
