@@ -3,15 +3,19 @@ node under maintenance counts as held: it is out of service, not idle). These ar
 idle cards (Node.idle_power_limit_pct) saves on and packing (AVAILABILITY_PACK_NODES) makes longer; a booking
 admin's report shows them per node and for the fleet.
 
-Every node the portal knows counts over the whole period. The periods held come ordered per node from one
-query each for bookings and maintenance (bookings of several GPUs with the same times come once) and are
-merged here.
+Every node the portal knows counts over the whole period. On PostgreSQL the database merges the periods held
+(``range_agg``: a year of 100 GPUs is 100,000 bookings, and reading them out took a second); elsewhere they are
+read, bookings of several GPUs with the same times once, and merged here.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from django.db.models import QuerySet
 
 from nodes.models import Node
 from reservations.models import Allocation, MaintenanceWindow, Reservation
@@ -20,18 +24,42 @@ from reservations.models import Allocation, MaintenanceWindow, Reservation
 def idle_node_hours(*, start: datetime, end: datetime, now: datetime) -> dict[int, float]:
     """Each node's hours in [start, min(end, now)) with nothing held on it."""
     until = max(start, min(end, now))
-    held: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
     bookings = Allocation.objects.filter(
         active=True, reservation__status=Reservation.Status.APPROVED, start__lt=until, end__gt=start
     ).values_list("gpu__node_id", "start", "end")
     maintenance = MaintenanceWindow.objects.filter(gpu__isnull=True, start__lt=until, end__gt=start).values_list(
         "node_id", "start", "end"
     )
-    for periods in (bookings.distinct().order_by(), maintenance):
-        for node_id, held_from, held_until in periods:
-            held[node_id].append((max(held_from, start), min(held_until, until)))
+    if connection.vendor == "postgresql":
+        covered = _covered_in_database(bookings.order_by(), maintenance.order_by(), start=start, until=until)
+    else:
+        held: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
+        for periods in (bookings.distinct().order_by(), maintenance):
+            for node_id, held_from, held_until in periods:
+                held[node_id].append((max(held_from, start), min(held_until, until)))
+        covered = {node_id: _covered(periods) for node_id, periods in held.items()}
     span = until - start
-    return {node_id: _hours(span - _covered(held[node_id])) for node_id in Node.objects.values_list("pk", flat=True)}
+    return {
+        node_id: _hours(span - covered.get(node_id, timedelta()))
+        for node_id in Node.objects.values_list("pk", flat=True)
+    }
+
+
+def _covered_in_database(*held: QuerySet[Any], start: datetime, until: datetime) -> dict[int, timedelta]:
+    """How long the union of the (node, start, end) rows of ``held`` lasts per node, within [start, until)."""
+    parts = [queryset.query.sql_with_params() for queryset in held]
+    rows = " UNION ALL ".join(f"({sql})" for sql, _ in parts)
+    # The rows' SQL is the ORM's own, their values parameters: nothing from outside is written into the text.
+    sql = (
+        "SELECT node_id, SUM(upper(piece) - lower(piece)) FROM ("  # noqa: S608
+        " SELECT node_id, unnest(range_agg(tstzrange(GREATEST(held_from, %s), LEAST(held_until, %s)))) AS piece"
+        f" FROM ({rows}) AS held (node_id, held_from, held_until) GROUP BY node_id"
+        ") AS pieces GROUP BY node_id"
+    )
+    params = [start, until, *(param for _, part_params in parts for param in part_params)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return dict(cursor.fetchall())
 
 
 def _covered(periods: list[tuple[datetime, datetime]]) -> timedelta:
