@@ -1,16 +1,18 @@
 """Fully idle node-hours: the time in a period, up to now, when no booking held any GPU of a node (a whole
-node under maintenance counts as held: it is out of service, not idle). These are the hours a power cap on
+node's maintenance window counts as held: it is out of service, not idle). These are the hours a power cap on
 idle cards (Node.idle_power_limit_pct) saves on and packing (AVAILABILITY_PACK_NODES) makes longer; a booking
 admin's report shows them per node and for the fleet.
 
-Every node the portal knows counts over the whole period. On PostgreSQL the database merges the periods held
-(``range_agg``: a year of 100 GPUs is 100,000 bookings, and reading them out took a second); elsewhere they are
-read, bookings of several GPUs with the same times once, and merged here.
+Each active node counts over the whole period; a node disabled or under maintenance now is out of service,
+not idle, and counts not at all (the portal keeps no history of a node's status). On PostgreSQL the database
+merges the periods held (``range_agg``: a year of 100 GPUs is 100,000 bookings, and reading them out took a
+second); elsewhere they are read, bookings of several GPUs with the same times once, and merged here.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,8 +23,22 @@ from nodes.models import Node
 from reservations.models import Allocation, MaintenanceWindow, Reservation
 
 
-def idle_node_hours(*, start: datetime, end: datetime, now: datetime) -> dict[int, float]:
-    """Each node's hours in [start, min(end, now)) with nothing held on it."""
+@dataclass(frozen=True)
+class IdleNodes:
+    span_hours: float  # the period up to now: each node's hours in it
+    idle: dict[int, float]  # each active node's hours in it with nothing held on it
+
+    @property
+    def node_hours(self) -> float:
+        return self.span_hours * len(self.idle)
+
+    @property
+    def idle_node_hours(self) -> float:
+        return sum(self.idle.values())
+
+
+def idle_node_hours(*, start: datetime, end: datetime, now: datetime) -> IdleNodes:
+    """The active nodes' hours in [start, min(end, now)) with nothing held on them."""
     until = max(start, min(end, now))
     bookings = Allocation.objects.filter(
         active=True, reservation__status=Reservation.Status.APPROVED, start__lt=until, end__gt=start
@@ -39,10 +55,10 @@ def idle_node_hours(*, start: datetime, end: datetime, now: datetime) -> dict[in
                 held[node_id].append((max(held_from, start), min(held_until, until)))
         covered = {node_id: _covered(periods) for node_id, periods in held.items()}
     span = until - start
-    return {
-        node_id: _hours(span - covered.get(node_id, timedelta()))
-        for node_id in Node.objects.values_list("pk", flat=True)
-    }
+    active = Node.objects.filter(status=Node.Status.ACTIVE).values_list("pk", flat=True)
+    return IdleNodes(
+        span_hours=_hours(span), idle={node_id: _hours(span - covered.get(node_id, timedelta())) for node_id in active}
+    )
 
 
 def _covered_in_database(*held: QuerySet[Any], start: datetime, until: datetime) -> dict[int, timedelta]:

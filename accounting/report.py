@@ -11,7 +11,7 @@ For each row (a person, a group, a node or a GPU):
 - energy: kWh the booked GPUs used (their cards' energy counters: nodes/energy.py), and of that the kWh of
   measured minutes under the threshold (idle); estimated where a counter reset, a gap or a card without a
   counter made any part of it so. A MIG slice takes its share of its card's energy (accounting/rollup.py);
-- fully idle node-hours (booking admins, by node): hours no booking held any GPU of the node
+- fully idle node-hours (booking admins, by node): hours no booking held any GPU of an active node
   (accounting/idle_nodes.py); the fleet's sum is in every admin's report;
 - released early: bookings released before their end during the period;
 - no-shows: bookings that ended in the period with utilisation readings from their GPUs but not
@@ -250,11 +250,10 @@ def usage_report(*, start: datetime, end: datetime, by: str, viewer: Any, now: d
     fleet: dict[str, float] = {}
     if viewer.is_booking_admin:
         idle = idle_node_hours(start=start, end=end, now=now)
-        if by == "node":  # every node, the unbooked ones too: those are the idle ones
-            for node_id, hours in idle.items():
+        if by == "node":  # every active node, the unbooked ones too: those are the idle ones
+            for node_id, hours in idle.idle.items():
                 row(node_id).idle_node_hours = hours
-        span = (max(start, min(end, now)) - start).total_seconds() / 3600
-        fleet = {"idle_node_hours": sum(idle.values()), "node_hours": span * len(idle)}
+        fleet = {"idle_node_hours": idle.idle_node_hours, "node_hours": idle.node_hours}
 
     _label(rows, by)
     ordered = sorted(rows.values(), key=lambda r: (-r.booked_gpu_hours, r.label))

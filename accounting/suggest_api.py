@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 from accounting.suggestions import RANKING, Outlook, suggest
 from accounts.http import AuthenticatedRequest
 from kernel.api_schema import READ_ERRORS
-from kernel.fields import AwareDateTimeField
+from kernel.fields import LATEST, AwareDateTimeField
 from nodes.models import memory_gb_to_mib
 from reservations.serializers import AvailabilityQuery, WindowSerializer
 from reservations.timegrid import floor_to_grid
@@ -30,6 +30,14 @@ class SuggestQuery(AvailabilityQuery):
         if floor_to_grid(start) < floor_to_grid(timezone.now()):
             raise serializers.ValidationError("That start is in the past: ask for a slot from now on.")
         return start
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        if data["start"] + timedelta(hours=data["hours"]) >= LATEST:
+            last = f"{LATEST:%Y-%m-%d}"
+            raise serializers.ValidationError(
+                {"hours": f"A slot that long from that start would end after the last date the portal keeps ({last})."}
+            )
+        return data
 
 
 class OutlookSerializer(serializers.Serializer):

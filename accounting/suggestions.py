@@ -2,15 +2,17 @@
 
 Contention of an hour of the week (in the person's zone): everyone's booked GPU-hours that fell into it over
 the past SUGGEST_HISTORY_WEEKS weeks (report.demand_by_hour_of_week) over the GPU-hours the fleet had in it
-(its cards today × the weeks). A slot's contention is the mean over its time; it is *busy* when one of its
-hours is in the busiest quarter of the week's hours (report.peak_hours, as the demand heatmap marks them).
+(its cards today × the weeks). A slot's contention is the mean over its time, taken a quarter hour at a time
+(every zone's hours begin on a quarter hour of UTC: India's at half past); it is *busy* when one of its hours
+is in the busiest quarter of the week's hours (report.peak_hours, as the demand heatmap marks them) with at
+least BUSY_FLOOR_PCT of the fleet booked: on a quiet portal no hour is busy.
 
 The candidates are the slots of the same size starting on the asked start's minute of each hour, from a day
-before it (never before now) to a week after it. The asked start is one: room elsewhere at the same time is
-the nearest answer to a refusal of particular GPUs. The NEAREST with room
-(reservations.availability.free_at: the booking rules, reserved capacity included) that do not overlap each
-other are kept, then ranked (RANKING). Each says why, with the figures it was ranked on. Advice only: the
-booking itself is decided by the booking service.
+before it (never before now) to a week after it; the asked start is one (the same time on other GPUs is the
+nearest answer to a refusal of particular ones). The NEAREST with room (reservations.availability.free_at:
+free time and others' reserved capacity as a booking sees them; the person's limits are checked when they
+book) that do not overlap each other are kept, then ranked (RANKING). Each says why, with the figures it was
+ranked on. Advice only: the booking itself is decided by the booking service.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from reservations.timegrid import ceil_to_grid, floor_to_grid
 NEAREST = 10
 BEFORE, AFTER = timedelta(days=1), timedelta(days=7)
 BAND_PCT = 10
+BUSY_FLOOR_PCT = 50
+QUARTER = timedelta(minutes=15)
 RANKING = "quiet hours before the busiest quarter, less contention (in steps of 10 %), cheaper energy, nearer"
 _DAYS = ("Mondays", "Tuesdays", "Wednesdays", "Thursdays", "Fridays", "Saturdays", "Sundays")
 
@@ -117,14 +121,14 @@ class History:
         busiest = (-1.0, 0, 0)
         busy = False
         priced_seconds, price_sum = 0.0, Decimal(0)
-        for piece_start, length in _hour_pieces(start, end):
+        for piece_start, length in _quarters(start, end):
             local = piece_start.astimezone(self.zone)
             day, hour = local.weekday(), local.hour
             share = self.share[day][hour]
             seconds += length
             share_sum += share * length
             busiest = max(busiest, (share, -day, -hour))  # the first of equals
-            busy = busy or (day, hour) in self.peak
+            busy = busy or ((day, hour) in self.peak and share * 100 >= BUSY_FLOOR_PCT)
             rate = self._rate(piece_start)
             if rate is not None and rate.price_per_kwh is not None:
                 priced_seconds += length
@@ -144,12 +148,12 @@ class History:
         return None if self.rates is None else self.rates[at.astimezone(self.site_zone).hour]
 
 
-def _hour_pieces(start: datetime, end: datetime) -> Iterator[tuple[datetime, float]]:
-    """[start, end) cut at each full hour (UTC hours: every zone's hours start on a quarter hour, and the
-    booking grid is no finer): (piece start, seconds)."""
+def _quarters(start: datetime, end: datetime) -> Iterator[tuple[datetime, float]]:
+    """[start, end) cut at each quarter hour of UTC: (piece start, seconds). Each piece lies in one hour of
+    any zone's clock (offsets are whole quarter hours), the person's and the site's."""
     at = start
     while at < end:
-        following = min(end, at.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1))
+        following = min(end, at.replace(minute=at.minute - at.minute % 15, second=0, microsecond=0) + QUARTER)
         yield at, (following - at).total_seconds()
         at = following
 
@@ -179,9 +183,10 @@ def suggest(
         "profile": profile,
         "user": user,
     }
-    asked_free = next(free_at(starts=[start], **search), None) is not None
+    asked_free = False
     kept: list[Window] = []
     for window in free_at(starts=_nearest_first(start, now), **search):
+        asked_free = asked_free or window.start == start  # the asked start comes first, when it has room
         if not any(window.start < other.end and other.start < window.end for other in kept):
             kept.append(window)
             if len(kept) == NEAREST:

@@ -21,7 +21,8 @@ What it measures
        GET /api/v1/gpus/ (default page of 100), /api/v1/gpus/?limit=1000,
        /api/v1/reservations/?limit=100, /api/v1/availability/?gpus=2&hours=4, and the calendar's data
        (/api/v1/calendar/) for today, for this week of one node and for this week of every GPU, and the
-       suggestions for 2 GPUs, 4 hours from tomorrow 10:00 (/api/v1/availability/suggest/). Reported:
+       suggestions for 2 GPUs, 4 hours and for a whole node, 8 hours, from tomorrow 10:00
+       (/api/v1/availability/suggest/). Reported:
        requests per second, p50/p99 latency, and the size of the answer.
 
     The data set is loaded with COPY (then ANALYZE) only when it is not there yet (1,000 GPUs,
@@ -119,11 +120,13 @@ def calendar_urls(now: datetime) -> tuple[str, ...]:
     return url(day, 1), url(week, 7, f"&node={NODE_PREFIX}00"), url(week, 7)
 
 
-def suggest_url(now: datetime) -> str:
-    """Suggestions for 2 GPUs, 4 hours from tomorrow 10:00 UTC: the demand of the past 8 weeks, the tariffs
-    and the free windows of every node over the 8 days around it."""
+def suggest_urls(now: datetime) -> tuple[str, ...]:
+    """Suggestions from tomorrow 10:00 UTC: for 2 GPUs, 4 hours (room is found near), and for a whole node
+    (40 GPUs), 8 hours, which every GPU's daily booking leaves almost no room for: every candidate start of
+    the 8 days around it is tried on every node. Both read the past 8 weeks' demand once an hour (cached)."""
     start = now.replace(hour=10, minute=0, second=0, microsecond=0) + timedelta(days=1)
-    return f"/api/v1/availability/suggest/?gpus=2&hours=4&start={start:%Y-%m-%dT%H:%M:%SZ}"
+    url = "/api/v1/availability/suggest/?gpus={}&hours={}&start=" + f"{start:%Y-%m-%dT%H:%M:%SZ}"
+    return url.format(2, 4), url.format(40, 8)
 
 
 # --- results --------------------------------------------------------------------------------
@@ -481,7 +484,7 @@ def print_context(args: argparse.Namespace, loaded: str) -> None:
 
 def run_benchmarks(args: argparse.Namespace, port: int, reader_token: str) -> list[Row]:
     now = datetime.now(UTC)
-    paths = (*READ_URLS, *calendar_urls(now), suggest_url(now))
+    paths = (*READ_URLS, *calendar_urls(now), *suggest_urls(now))
     rows = [read_run(port, reader_token, path, args.requests) for path in paths]
     for clients in args.levels:
         for _ in range(args.repeat):

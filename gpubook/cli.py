@@ -260,11 +260,12 @@ def cmd_book(client: Client, args: argparse.Namespace) -> Any:
         reservation = client.post("reservations/", {**body, "purpose": args.purpose})
     except ApiError as refused:
         if refused.code in WAITABLE:
-            refused.hints.append(offered_lines(client, only_if_busy=False, **_question(body)))
+            refused.hints.append(offered_lines(client, only_if_busy=False, question=_question(client, body)))
         raise
+    booked = {**reservation, "gpus": [gpu["id"] for gpu in reservation.get("gpus", ())]}
     for note in (
         length_note(client, reservation),
-        offered_lines(client, only_if_busy=True, **_question(reservation)),
+        offered_lines(client, only_if_busy=True, question=_question(client, booked)),
     ):
         if note:
             print(f"note: {note}", file=sys.stderr)
@@ -274,11 +275,19 @@ def cmd_book(client: Client, args: argparse.Namespace) -> Any:
 WAITABLE = ("slot_conflict", "reserved")  # refusals for a taken slot: wait for it, or take another
 
 
-def _question(booking: dict[str, Any]) -> dict[str, Any]:
-    """What to ask /availability/suggest/ about a booking's body or a booking: its GPU count, start, length."""
-    hours = (parse_iso(booking["end"]) - parse_iso(booking["start"])).total_seconds() / 3600
-    gpus = booking.get("gpu_count") or len(booking.get("gpus", ()))
-    return {"gpus": gpus, "hours": round(hours, 2), "start": booking["start"], "profile": booking.get("profile")}
+def _question(client: Client, booking: dict[str, Any]) -> dict[str, Any] | None:
+    """What to ask /availability/suggest/ about a booking (or a booking's body, GPUs by id or by count): how
+    many GPUs, or MIG slices of which profile, from when, how long. None when the portal cannot say."""
+    try:
+        hours = (parse_iso(booking["end"]) - parse_iso(booking["start"])).total_seconds() / 3600
+        profile = booking.get("profile")
+        ids = booking.get("gpus") or []
+        if profile is None and ids:  # GPUs by id: cards, or slices of the first one's profile
+            profile = client.get(f"gpus/{ids[0]}/").get("profile") or None
+        gpus = booking.get("gpu_count") or len(ids)
+    except (ClientError, AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return {"gpus": gpus, "hours": round(hours, 2), "start": booking["start"], "profile": profile}
 
 
 def length_note(client: Client, reservation: dict[str, Any]) -> str | None:

@@ -69,9 +69,12 @@ def _row(item: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
-def offered_lines(client: Client, *, only_if_busy: bool, **question: Any) -> str | None:
-    """A few free slots near a refused or busy booking, as lines for stderr; None when there is nothing to
-    say (a quiet slot, no suggestion) or the portal cannot answer (advice only: never an error of its own)."""
+def offered_lines(client: Client, *, only_if_busy: bool, question: dict[str, Any] | None) -> str | None:
+    """A few free slots near a refused or busy booking (``question``: what to ask about it), as lines for stderr;
+    None when there is nothing to say (a quiet slot, no suggestion) or the portal cannot answer (advice only:
+    never an error of its own)."""
+    if question is None:
+        return None
     try:
         answer = ask(client, **question)
         if only_if_busy and not answer["asked"]["busy"]:

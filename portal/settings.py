@@ -551,7 +551,7 @@ METRICS_ALLOWED_IPS = envlist("METRICS_ALLOWED_IPS", [])
 # Booking rules that are settings rather than per-group limits (see docs/booking-rules.md).
 BOOKING_GRID_MINUTES = envint("BOOKING_GRID_MINUTES", 15)
 # The availability finder (and the suggestions) offer, of windows that start together, one on a node already
-# in use first: whole nodes stay idle and can have their power capped (Node.idle_power_limit_pct).
+# in use first: whole nodes stay idle longer (the reports' fully idle node-hours).
 AVAILABILITY_PACK_NODES = envbool("AVAILABILITY_PACK_NODES", False)
 # The suggestions rank free slots by how busy those hours of the week were over this many past weeks.
 SUGGEST_HISTORY_WEEKS = envint("SUGGEST_HISTORY_WEEKS", 8)

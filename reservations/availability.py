@@ -14,13 +14,15 @@ a reserved GPU is taken over each unreleased occurrence, and under "any N GPUs o
 at most the node's GPUs minus N minus what other non-members hold; an occurrence's end is a candidate start.
 
 With AVAILABILITY_PACK_NODES, windows that start together are offered on nodes already in use over them first
-(packing), so whole nodes stay idle and can have their power capped (issue 21's power policy). ``free_at``
+(packing), so whole nodes stay idle longer (the reports' fully idle node-hours: a node an operator can power
+down or cap as a whole, beyond the per-card idle power cap). ``free_at``
 answers the other question the suggestions ask (accounting/suggestions.py): at which of these starts is
 there room, on which node?
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -30,10 +32,11 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q
 
+from kernel.fields import LATEST
 from nodes.models import Gpu, Node
 from reservations.models import MaintenanceWindow
 from reservations.reserved import ReservedOccurrence, Restrictions, restrictions_for, room_left, within_room
-from reservations.selectors import Place, bookable_units, is_free, taken_places
+from reservations.selectors import Place, bookable_units, taken_places
 from reservations.timegrid import ceil_to_grid, floor_to_grid, require_in_calendar
 
 
@@ -107,21 +110,21 @@ def free_at(
     ``duration``: on the first node by name, or with AVAILABILITY_PACK_NODES the first already in use then.
     Starts without room, before the current grid cell or off the calendar give none. Three queries, made
     when the first window is asked for; the caller takes as many as it needs."""
-    starts = [start for start in map(floor_to_grid, starts) if start >= floor_to_grid(now)]
+    last = LATEST - duration - timedelta(days=1)  # a slot that would end past the calendar is no answer
+    starts = [start for start in map(floor_to_grid, starts) if floor_to_grid(now) <= start < last]
     candidates = _candidates(gpu_count, node_name, min_memory_mib, profile)
     if not starts or not candidates:
         return
     search_from, search_to = min(starts), ceil_to_grid(max(starts) + duration)
-    require_in_calendar(search_to, "end")
     nodes = [gpus[0].node for gpus in candidates.values()]
     kept = restrictions_for(user=user, nodes=nodes, start=search_from, end=search_to, now=now)
-    taken, reserved, node_busy = _taken(candidates, search_from, search_to, kept)
+    taken = _taken(candidates, search_from, search_to, kept)
+    counted = {node_id: [o for o in kept.counted if o.reserved.node_id == node_id] for node_id in candidates}
     for start in starts:
         end = ceil_to_grid(start + duration)
         first = None
         for node_id, gpus in candidates.items():
-            counted = [o for o in kept.counted if o.reserved.node_id == node_id]
-            window = _fit(gpus, taken[node_id], reserved[node_id], node_busy[node_id], counted, gpu_count, start, end)
+            window = _fit(gpus, taken[node_id], counted[node_id], gpu_count, start, end)
             if window is not None and (window.in_use or not _packing()):
                 first = window
                 break
@@ -150,14 +153,60 @@ def _candidates(
     return {node_id: gpus for node_id, gpus in gpus_by_node.items() if len(gpus) >= gpu_count}
 
 
-Busy = dict[int, list[tuple[datetime, datetime]]]
+class _Places:
+    """Places taken on a node's cards, sorted by start per card, so that whether a unit is free over a period
+    is found without reading every place of the node: a search asks it for each unit at each candidate start
+    (200 starts × every node for the suggestions), and a busy node holds thousands of places over a week."""
+
+    def __init__(self, places: Iterable[Place]) -> None:
+        by_card: dict[int, list[Place]] = defaultdict(list)
+        for place in places:
+            by_card[place.card_id].append(place)
+        self._cards = {card: sorted(items, key=lambda place: place.start) for card, items in by_card.items()}
+        self._starts = {card: [place.start for place in items] for card, items in self._cards.items()}
+        self._longest = {card: max(place.end - place.start for place in items) for card, items in self._cards.items()}
+
+    def overlapping(self, card_id: int, start: datetime, end: datetime) -> Iterator[Place]:
+        """The places on the card that overlap [start, end): those starting before ``end``, back to where even
+        the card's longest place would have ended by ``start``."""
+        items = self._cards.get(card_id)
+        if not items:
+            return
+        reach = start - self._longest[card_id]
+        at = bisect_left(self._starts[card_id], end)
+        while at > 0:
+            at -= 1
+            place = items[at]
+            if place.start <= reach:
+                return
+            if place.end > start:
+                yield place
+
+    def is_free(self, unit: Gpu, start: datetime, end: datetime) -> bool:
+        """Whether no place overlaps ``unit``'s part of its card within [start, end) (selectors.is_free)."""
+        low, high = unit.placement
+        return not any(p.low < high and low < p.high for p in self.overlapping(unit.card_id, start, end))
+
+    def any_between(self, start: datetime, end: datetime) -> bool:
+        return any(next(self.overlapping(card, start, end), None) is not None for card in self._cards)
+
+    def ends(self) -> set[datetime]:
+        return {place.end for items in self._cards.values() for place in items}
+
+
+@dataclass(frozen=True)
+class _NodeTaken:
+    """What is taken on one node over a search: its bookings and GPU maintenance (``taken``), those and the
+    places kept from the person by others' reserved capacity (``blocked``), and whole-node maintenance."""
+
+    taken: _Places
+    blocked: _Places
+    maintenance: list[tuple[datetime, datetime]]
 
 
 def _taken(
     candidates: dict[int, list[Gpu]], search_from: datetime, search_to: datetime, kept: Restrictions
-) -> tuple[dict[int, list[Place]], dict[int, list[Place]], Busy]:
-    """What is taken on each node over the search: the places on its cards (bookings and GPU maintenance),
-    those kept from the person by others' reserved capacity, and its whole-node maintenance windows."""
+) -> dict[int, _NodeTaken]:
     card_node = {gpu.card_id: node_id for node_id, gpus in candidates.items() for gpu in gpus}
     taken: dict[int, list[Place]] = defaultdict(list)
     for place in taken_places(node_ids=candidates.keys(), start=search_from, end=search_to):
@@ -167,12 +216,15 @@ def _taken(
     for place in map(Place._make, kept.places):
         if place.card_id in card_node:
             reserved[card_node[place.card_id]].append(place)
-    node_busy: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
+    maintenance: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
     for node_id, start, end in MaintenanceWindow.objects.filter(
         node__in=candidates.keys(), gpu__isnull=True, start__lt=search_to, end__gt=search_from
     ).values_list("node_id", "start", "end"):
-        node_busy[node_id].append((start, end))
-    return taken, reserved, node_busy
+        maintenance[node_id].append((start, end))
+    return {
+        node_id: _NodeTaken(_Places(taken[node_id]), _Places(taken[node_id] + reserved[node_id]), maintenance[node_id])
+        for node_id in candidates
+    }
 
 
 _SEARCH_STEPS = (timedelta(days=1), timedelta(days=7))
@@ -186,17 +238,17 @@ def _search(
     search_to: datetime,
     kept: Restrictions,
 ) -> list[Window]:
-    taken, reserved, node_busy = _taken(candidates, search_from, search_to, kept)
+    taken = _taken(candidates, search_from, search_to, kept)
     windows = []
     for node_id, gpus in candidates.items():
+        node = taken[node_id]
         counted = [o for o in kept.counted if o.reserved.node_id == node_id]
-        ends = {p.end for p in taken[node_id] + reserved[node_id]} | {end for _, end in node_busy[node_id]}
-        ends |= {o.end for o in counted}
+        ends = node.blocked.ends() | {end for _, end in node.maintenance} | {o.end for o in counted}
         for start in sorted({search_from} | {e for e in ends if search_from < e < search_to}):
             end = ceil_to_grid(start + duration)
             if end > search_to:
                 continue
-            window = _fit(gpus, taken[node_id], reserved[node_id], node_busy[node_id], counted, gpu_count, start, end)
+            window = _fit(gpus, node, counted, gpu_count, start, end)
             if window is not None:
                 windows.append(window)
                 break
@@ -205,9 +257,7 @@ def _search(
 
 def _fit(
     gpus: list[Gpu],
-    taken: list[Place],
-    reserved: list[Place],
-    node_busy: list[tuple[datetime, datetime]],
+    node: _NodeTaken,
     counted: list[ReservedOccurrence],
     gpu_count: int,
     start: datetime,
@@ -215,13 +265,12 @@ def _fit(
 ) -> Window | None:
     """``gpu_count`` of the node's units free over [start, end), or None. ``in_use``: something of the node
     is taken then (a booking or GPU maintenance)."""
-    if any(s < end and e > start for s, e in node_busy):
+    if any(s < end and e > start for s, e in node.maintenance):
         return None
-    places = taken + reserved
-    free = [gpu for gpu in gpus if is_free(gpu, places, start, end)]
+    free = [gpu for gpu in gpus if node.blocked.is_free(gpu, start, end)]
     if counted and len(free) >= gpu_count:
         free = within_room(free, room_left(node=gpus[0].node, counted=counted, start=start, end=end))
     if len(free) < gpu_count:
         return None
-    in_use = any(p.start < end and start < p.end for p in taken)
+    in_use = node.taken.any_between(start, end)
     return Window(node=gpus[0].node, gpus=free[:gpu_count], start=start, end=end, in_use=in_use)

@@ -13,8 +13,8 @@ card's other slices share, and its own capability files. Two things drive that:
 Nothing here waits on the portal or the broker: once a snapshot is stored, every end in it
 is enforced even if both are gone. The agent never extends a lease by itself.
 
-Every pass also applies the snapshot's idle power cap (power.py) before it grants anything: a card no
-lease holds is capped, a card a lease starts on gets its limit back first.
+Every pass also applies the snapshot's idle power cap (power.py): a card a lease starts on gets its limit back
+before it is granted, a card no lease holds is capped after the grants and revocations.
 
 Looking for processes (a /proc scan) and ending them (SIGTERM, wait, SIGKILL: seconds) run on
 a second thread, the checker, so the boundary timer is never held up by either.
@@ -383,16 +383,17 @@ class Enforcer:
     def converge(self, now: datetime) -> None:
         """Apply the difference between the wanted ACLs and the ones in force; the idle power cap first."""
         wanted = self.desired(now)
-        self._power(wanted)
+        self._power(wanted, self.power.give_back)
         self._enforce(wanted, now)
+        self._power(wanted, self.power.cap_idle)
 
-    def _power(self, wanted: dict[str, set[str]]) -> None:
-        """Cap the cards no unit of which anyone holds now, give the others their limit back (power.py): before
-        the grants, so a booking starts at full power. A failure here never holds up a grant."""
+    def _power(self, wanted: dict[str, set[str]], step: Callable[[int | None, set[str]], None]) -> None:
+        """The idle power cap (power.py): ``give_back`` the limit of the cards anyone holds now before the grants,
+        so a booking starts at full power; ``cap_idle`` the others after them. A failure never holds up a grant."""
         snapshot = self._snapshot
         try:
             busy = {self.access.card_of(unit) for unit, users in wanted.items() if users}
-            self.power.converge(snapshot.idle_power_limit_pct if snapshot else None, busy)
+            step(snapshot.idle_power_limit_pct if snapshot else None, busy)
         except Exception:
             log.exception("the idle power cap failed; enforcing the leases goes on")
 

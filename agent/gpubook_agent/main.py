@@ -98,10 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         worker.start()
     finally:
         enforcer.stop()
-        enforcer.revoke_all()  # fail closed: nothing enforces slot ends while the agent is stopped
-        enforcer.restore_power()  # and no idle power cap: nothing would lift it for a booking
-        reporter.stop()  # after the enforcer, so its last events are sent
-        backend.close()
+        try:
+            enforcer.revoke_all()  # fail closed: nothing enforces slot ends while the agent is stopped
+        finally:
+            enforcer.restore_power()  # and no idle power cap: nothing would lift it for a booking
+            reporter.stop()  # after the enforcer, so its last events are sent
+            backend.close()
     return worker.exitcode or 0
 
 

@@ -7,7 +7,8 @@ the agent applies it by its own clock while the portal is down, as it does lease
 word: ``ALLOW_POWER_CAP=false`` in the agent's config refuses it (reported once), and the agent then changes no
 limit but to give back the caps it set itself.
 
-The enforcer calls ``converge`` on every pass, before it grants anything:
+The enforcer's every pass gives limits back (``give_back``) before it grants anything, and caps idle cards
+(``cap_idle``) after its grants and revocations, so a slow NVML call holds up neither:
 
 - A card is *idle* while no lease in force holds it or any of its MIG slices. An idle card is capped at the
   policy's share of its default limit, in whole watts, within the range the card accepts. A cap only ever
@@ -97,19 +98,35 @@ class PowerCap:
 
     def converge(self, pct: int | None, busy: set[str]) -> None:
         """Cap the cards not in ``busy`` at ``pct`` % (None: off), and give the others back their limit."""
+        self.give_back(pct, busy)
+        self.cap_idle(pct, busy)
+
+    def give_back(self, pct: int | None, busy: set[str]) -> None:
+        """The limit back to the capped cards in ``busy``, or to all of them with the cap off (or refused): the
+        enforcer's pass does this before it grants anything."""
+        pct = self._policy(pct)
+        for card in list(self._caps):
+            if pct is None or card in busy:
+                self._restore(card, "a lease holds the card now" if pct is not None else self._off_reason())
+
+    def cap_idle(self, pct: int | None, busy: set[str]) -> None:
+        """Cap the cards not in ``busy`` at ``pct`` %: the enforcer's pass does this after its grants and
+        revocations, so a slow NVML call never holds those up."""
+        pct = self._policy(pct)
+        if pct is None:
+            return  # off: no NVML call at all
+        for card in self.cards:
+            if card not in busy:
+                self._cap(card, pct)
+
+    def _policy(self, pct: int | None) -> int | None:
+        """The cap in force: ``pct``, or None when it is off or this node refuses it (reported once)."""
         if pct is None:
             self._refusal_reported = None  # turned on again later: refused (and reported) again
         elif not self.allowed:
             self._refuse(pct)
-            pct = None
-        if pct is None and not self._caps:
-            return  # off, and nothing to give back: no NVML call at all
-        for card in self.cards:
-            if pct is not None and card not in busy:
-                self._cap(card, pct)
-            elif card in self._caps:
-                why = "a lease holds the card now" if pct is not None else self._off_reason()
-                self._restore(card, why)
+            return None
+        return pct
 
     def restore_all(self, why: str) -> None:
         """Give every card the agent capped its limit back (the agent stops cleanly), read afresh."""
@@ -183,9 +200,9 @@ class PowerCap:
             return limits
         try:
             limits = self.backend.power_limits(card)
-        except PowerLimitError as error:
+        except Exception as error:  # PowerLimitError, or a binding this agent does not know: this card only
             self._unreadable.add(card)
-            self._fail(card, str(error))
+            self._fail(card, str(error) if isinstance(error, PowerLimitError) else f"{type(error).__name__}: {error}")
             return None
         self._limits[card] = limits
         return limits

@@ -557,12 +557,18 @@
   };
   booking.start.step = booking.end.step = String(config.grid_minutes * 60);
 
-  /** The dialog's slot as the advice asks about it (static/js/slot_advice.js), or null while it is incomplete. */
+  /** The dialog's slot as the advice asks about it (static/js/slot_advice.js): how many cards, or slices of
+   * one profile; null while it is incomplete, or for cards and slices (or two profiles) together. */
   function slotAsked() {
-    const gpus = booking.gpuList.querySelectorAll('input:checked').length;
+    const chosen = [...booking.gpuList.querySelectorAll('input:checked')].map((box) => gpus.get(Number(box.value)));
+    const profiles = new Set(chosen.map((gpu) => gpu?.slice ?? ''));
     const start = booking.start.value;
     const end = booking.end.value;
-    return gpus && start && end && msOf(end) > msOf(start) ? {gpus, start: instantOf(start), end: instantOf(end)} : null;
+    if (!chosen.length || profiles.size !== 1 || !start || !end || msOf(end) <= msOf(start)) {
+      return null;
+    }
+    const [profile] = profiles;
+    return {gpus: chosen.length, profile, start: instantOf(start), end: instantOf(end)};
   }
 
   function askAdvice() {

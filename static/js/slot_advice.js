@@ -33,7 +33,7 @@ window.GpuAdvice = (() => {
     box.hidden = true;
   }
 
-  /** ``slot``: {gpus: how many, start, end: instants with their offset}. */
+  /** ``slot``: {gpus: how many, profile: of MIG slices ('' for cards), start, end: instants with their offset}. */
   function update(slot) {
     clearTimeout(timer);
     timer = setTimeout(() => load(slot, false), WAIT_MS);
@@ -41,20 +41,25 @@ window.GpuAdvice = (() => {
 
   function refused(slot) {
     clearTimeout(timer);
-    load(slot, true);
+    if (slot) {
+      load(slot, true);
+    } else {
+      reset();
+    }
   }
 
-  async function load({gpus, start, end}, wasRefused) {
+  async function load({gpus, profile, start, end}, wasRefused) {
     const ticket = ++asked;
     const hours = (Date.parse(end) - Date.parse(start)) / 3600000;
-    if (!hooks || !gpus || !(hours > 0)) {
-      reset();
+    if (!hooks) {
       return;
     }
     const rounded = hours.toFixed(2);
+    const nearbyQuery = new URLSearchParams({gpus, hours: rounded, start, ...(profile ? {profile} : {})});
     const [length, nearby] = await Promise.allSettled([
-      hooks.api('GET', `${config.urls.length_advice}?${new URLSearchParams({gpus, hours: rounded})}`),
-      hooks.api('GET', `${config.urls.suggest}?${new URLSearchParams({gpus, hours: rounded, start})}`),
+      // The history of whole cards only: a slice's busy time says little about a card's.
+      profile ? Promise.resolve(null) : hooks.api('GET', `${config.urls.length_advice}?${new URLSearchParams({gpus, hours: rounded})}`),
+      hooks.api('GET', `${config.urls.suggest}?${nearbyQuery}`),
     ]);
     if (ticket !== asked) {
       return;
@@ -73,7 +78,7 @@ window.GpuAdvice = (() => {
     }
     lengthEl.replaceChildren(...lines.map((line) => document.createTextNode(line)));
     const proposed = advice?.suggested_hours;
-    if (proposed && Math.abs(proposed - hours) >= 0.25) {
+    if (proposed && proposed <= hours - 0.25) {  // advice to book less, never more
       const take = document.createElement('button');
       take.type = 'button';
       take.className = 'link-button';

@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from accounting.models import Tariff, UsageHour
 from accounting.report import demand_by_hour_of_week, usage_report
 from accounting.rollup import rollup, rollup_recent
-from nodes.models import GpuMinute
+from nodes.models import GpuMinute, Node
 from reservations.models import MaintenanceWindow
 from reservations.services import reservation_create, reservation_release
 from tests.conftest import at
@@ -265,6 +265,7 @@ def test_fully_idle_node_hours_per_node_and_for_the_fleet_for_admins_only(day, c
     (not idle) and had a pending request 07:00-08:00 (nothing opened: idle) and one GPU under maintenance
     09:00-10:00 (the node's other GPU was free: idle)."""
     spare = node_with_gpus(2, name="z-spare")
+    node_with_gpus(1, name="retired", status=Node.Status.DISABLED)  # out of service: not idle, not counted
     MaintenanceWindow.objects.create(node=spare, start=at(-9), end=at(-3))
     MaintenanceWindow.objects.create(node=spare, gpu=spare.gpus.get(index=0), start=at(0), end=at(1))
     book(bob, list(spare.gpus.all()), at(-2), at(-1), pending=True, direct=True)

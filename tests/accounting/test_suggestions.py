@@ -12,7 +12,7 @@ import pytest
 from accounting.models import Tariff
 from tests.api_helpers import client_for
 from tests.conftest import at
-from tests.factories import book, node_with_gpus
+from tests.factories import book, carve_mig, node_with_gpus
 
 SUGGEST = "/api/v1/availability/suggest/"
 TUESDAY_10 = at(hours=25)  # the clock stands at Monday 09:00 UTC
@@ -62,8 +62,47 @@ def test_a_busy_hour_is_said_with_its_figures_and_quiet_free_slots_come_first(de
 
 def test_the_contention_of_a_slot_is_the_mean_of_its_hours(demand, alice):
     asked = ask(alice, hours=4, start=(TUESDAY_10 + timedelta(hours=8)).isoformat())["asked"]  # 18:00-22:00
-    assert (asked["contention_pct"], asked["busiest_pct"], asked["busy"]) == (12.5, 25.0, True)
-    assert "25 % of GPUs booked on past Tuesdays at 20:00" in asked["why"]
+    # In the busiest quarter of the week's hours, but a quarter of the fleet booked is no crowd: not busy.
+    assert (asked["contention_pct"], asked["busiest_pct"], asked["busy"]) == (12.5, 25.0, False)
+    assert asked["why"].startswith("busiest hour: 25 % of GPUs booked on past Tuesdays at 20:00")
+
+
+def test_a_light_history_makes_no_hour_busy(clock, alice, bob, gpus):
+    book(bob, gpus[:1], TUESDAY_10 - timedelta(weeks=3), TUESDAY_10 - timedelta(weeks=3, hours=-1), direct=True)
+    answer = ask(alice)
+    assert (answer["asked"]["busiest_pct"], answer["asked"]["busy"], answer["offer"]) == (3.1, False, False)
+
+
+def test_hours_are_the_persons_own_even_half_an_hour_off_utc(clock, alice, bob, gpus):
+    """India is UTC+05:30: Tuesdays 11:00-12:00 there (05:30-06:30 UTC) were fully booked; 10:30-11:30 is half
+    in that hour."""
+    alice.timezone = "Asia/Kolkata"
+    alice.save()
+    eleven = TUESDAY_10 - timedelta(hours=4, minutes=30)  # 05:30 UTC
+    for week in range(1, 9):
+        book(bob, gpus, eleven - timedelta(weeks=week), eleven - timedelta(weeks=week, hours=-1), direct=True)
+
+    asked = ask(alice, hours=1, start=(eleven - timedelta(minutes=30)).isoformat())["asked"]
+
+    assert (asked["contention_pct"], asked["busiest_pct"], asked["busy"]) == (50.0, 100.0, True)
+    assert asked["why"].startswith("busy hour: 100 % of GPUs booked on past Tuesdays at 11:00")
+
+
+def test_mig_slices_are_suggested_as_slices_of_their_profile(clock, alice, bob, gpus):
+    slices = carve_mig(gpus[0])
+    book(bob, slices[:1], TUESDAY_10, TUESDAY_10 + timedelta(hours=2))  # the only 3g.40gb, 10:00-12:00
+
+    answer = ask(alice, gpus=1, profile="3g.40gb")
+
+    assert answer["asked"]["free"] is False  # a whole card is free then, but no 3g.40gb slice
+    assert starts(answer)[:2] == ["08:00", "12:00"]  # just before and after bob's (the earlier of equals first)
+    assert {tuple(item["gpus"]) for item in answer["suggestions"]} == {(slices[0].pk,)}
+
+
+def test_a_slot_past_the_calendars_end_is_refused_in_words(alice):
+    answer = client_for(alice).get(SUGGEST, {"gpus": 1, "hours": 8, "start": "2999-12-31T20:00:00Z"})
+    assert answer.status_code == 400
+    assert "would end after the last date the portal keeps (3000-01-01)" in str(answer.json())
 
 
 def test_where_tariffs_are_set_cheaper_hours_rank_before_dearer_ones_of_the_same_contention(demand, alice):
