@@ -44,6 +44,16 @@ from gpubook_agent.signing import signed
 REPO = Path(__file__).resolve().parents[2]
 
 
+class Clock:
+    """A stopped clock for an enforcer (``clock=``): tests move ``now`` themselves."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
 def simulated_node_config(home: Path, *, grace: float, **extra: str) -> AgentConfig:
     """The config of a simulated two-GPU node living under ``home`` (state and device files), whose portal and
     broker are never contacted: for tests that drive the enforcer in-process. ``extra`` adds or overrides keys

@@ -30,7 +30,7 @@ from gpubook_agent.enforcer import Enforcer
 from gpubook_agent.gpus import open_backend
 from gpubook_agent.signing import signed
 from gpubook_agent.store import SnapshotStore
-from tests.agent.harness import acl_users, lease, simulated_node_config
+from tests.agent.harness import Clock, acl_users, lease, simulated_node_config
 
 T0 = datetime(2030, 5, 6, 9, 0, tzinfo=UTC)
 T1 = T0 + timedelta(hours=1)
@@ -51,14 +51,6 @@ def _accounts_with_named_people(name: str) -> int:
 
 def setfacl(path: str, user: str) -> None:
     subprocess.run(["setfacl", "-m", f"u:{user}:rw", "--", path], capture_output=True, check=True)
-
-
-class Clock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @dataclass

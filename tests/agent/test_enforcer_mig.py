@@ -27,21 +27,13 @@ from gpubook_agent.gpus import MigSliceInfo, open_configured_backend
 from gpubook_agent.gpus.simulated import SimulatedBackend, simulated_mig_uuid
 from gpubook_agent.signing import signed
 from gpubook_agent.store import SnapshotStore
-from tests.agent.harness import acl_users, lease, simulated_node_config
+from tests.agent.harness import Clock, acl_users, lease, simulated_node_config
 
 T0 = datetime(2030, 5, 6, 9, 0, tzinfo=UTC)
 T1 = T0 + timedelta(hours=1)
 T2 = T1 + timedelta(hours=1)
 GRACE = 30.0
 LAYOUT = "0:3g.40gb,2g.20gb,2g.20gb"
-
-
-class Clock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @dataclass

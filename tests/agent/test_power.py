@@ -25,21 +25,13 @@ from gpubook_agent.gpus import PowerLimitError, open_configured_backend
 from gpubook_agent.gpus.simulated import SimulatedBackend
 from gpubook_agent.signing import signed
 from gpubook_agent.store import SnapshotStore
-from tests.agent.harness import acl_users, lease, simulated_node_config
+from tests.agent.harness import Clock, acl_users, lease, simulated_node_config
 
 T0 = datetime(2030, 5, 6, 9, 0, tzinfo=UTC)
 T1 = T0 + timedelta(hours=1)
 T2 = T1 + timedelta(hours=1)
 GRACE = 30.0
 DEFAULT_W, MIN_W = 400.0, 100.0
-
-
-class Clock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @dataclass
