@@ -267,7 +267,12 @@ def _fit(
     is taken then (a booking or GPU maintenance)."""
     if any(s < end and e > start for s, e in node.maintenance):
         return None
-    free = [gpu for gpu in gpus if node.blocked.is_free(gpu, start, end)]
+    free, spare = [], len(gpus) - gpu_count  # units that may be taken before there can be no room
+    for gpu in gpus:
+        if node.blocked.is_free(gpu, start, end):
+            free.append(gpu)
+        elif (spare := spare - 1) < 0:
+            return None
     if counted and len(free) >= gpu_count:
         free = within_room(free, room_left(node=gpus[0].node, counted=counted, start=start, end=end))
     if len(free) < gpu_count:
