@@ -17,6 +17,7 @@ import json
 import os
 import pwd
 import re
+import shutil
 import socket
 import ssl
 import stat
@@ -24,6 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -137,6 +139,7 @@ def run_checks(config_path: str | None, environ: dict[str, str] | None = None) -
         checks.append(portal_check)
         checks.append(check_clock(answer))
         checks.append(check_broker(config.broker_url))
+        checks.append(check_launch())
     finally:
         if backend is not None:
             backend.close()
@@ -623,6 +626,27 @@ def check_clock(answer: PortalAnswer | None) -> Check:
     if abs(skew) > SKEW_WARN_SECONDS:
         return Check("clock", WARN, message + f" (more than {SKEW_WARN_SECONDS:g} s)", fix=NTP_FIX)
     return Check("clock", OK, message)
+
+
+def check_launch(which: Callable[[str], str | None] = shutil.which, pid1: str = "/proc/1/comm") -> Check:
+    """What a booking's environment could run under on this node (launcher.py; issue 22): a transient systemd
+    unit where systemd is PID 1, the agent's own supervisor elsewhere, and rootless podman for containers.
+    Informational while launches are not enabled: nothing here fails the node."""
+    try:
+        with open(pid1) as comm:
+            systemd = comm.read().strip() == "systemd"
+    except OSError:
+        systemd = False
+    tools = {name: which(name) for name in ("systemd-run", "prlimit", "podman")}
+    details = tuple(f"{name}: {path or 'missing'}" for name, path in tools.items())
+    runner = (
+        "transient systemd units (systemd is PID 1)"
+        if systemd and tools["systemd-run"]
+        else "the agent's own supervisor (systemd is not PID 1 or systemd-run is missing)"
+    )
+    containers = "podman for containers" if tools["podman"] else "no podman: plain commands only"
+    limits = "" if tools["prlimit"] else "; no prlimit (util-linux): launches with limits are refused"
+    return Check("launch", OK, f"environments would run under {runner}; {containers}{limits}", details=details)
 
 
 def check_broker(broker_url: str) -> Check:

@@ -174,6 +174,7 @@ def test_a_healthy_node_passes_every_check(workdir):
         "portal": OK,
         "clock": OK,
         "broker": OK,
+        "launch": OK,
     }
     assert "Date header" in checks["clock"].message
     assert len(checks["gpus"].details) == GPUS
@@ -188,7 +189,7 @@ def test_the_command_prints_one_line_per_check_and_exits_0_when_nothing_failed(n
 
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [line for line in result.stdout.splitlines() if not line.startswith(" ")]
-    assert [line.split()[0] for line in lines[:-1]] == ["OK"] * 9
+    assert [line.split()[0] for line in lines[:-1]] == ["OK"] * 10
     assert lines[1].startswith("OK    root: running as root")
     assert lines[-1] == "No failures (0 warning(s)): the agent can run here."
     path, authorization, _ = portal.requests[0]
@@ -605,7 +606,7 @@ def test_a_mig_node_reports_each_cards_mode_and_slices_and_passes(mig_node, port
     assert mig.details[0] == f"{simulated_uuid('gpu-check', 0)}  minor 0: MIG on, 3 slice(s)"
     assert "3g.40gb  GPU instance 1, compute instance 0, memory slices 4-7 -> " in mig.details[3]
     assert list(checks) == [
-        "config", "root", "gpus", "device files", "mig", "acls", "state", "portal", "clock", "broker",
+        "config", "root", "gpus", "device files", "mig", "acls", "state", "portal", "clock", "broker", "launch",
     ]  # fmt: skip
     _, _, heartbeat = portal.requests[0]
     (card,) = heartbeat["mig"]
@@ -661,3 +662,25 @@ def test_an_acl_entry_a_stored_lease_explains_passes(mig_node, unix_users):
     (mig_node.state_dir / "snapshot.json").write_text(json.dumps(signed(body, "s3cret")))
 
     assert mig_node.check()["mig"].status == OK
+
+
+def test_the_launch_check_says_what_environments_would_run_under(tmp_path):
+    pid1 = tmp_path / "comm"
+    pid1.write_text("systemd\n")
+    everything = selfcheck.check_launch(which=lambda name: f"/usr/bin/{name}", pid1=str(pid1))
+    assert everything.status == OK
+    assert (
+        everything.message
+        == "environments would run under transient systemd units (systemd is PID 1); podman for containers"
+    )
+    assert everything.details == (
+        "systemd-run: /usr/bin/systemd-run",
+        "prlimit: /usr/bin/prlimit",
+        "podman: /usr/bin/podman",
+    )
+
+    pid1.write_text("tini\n")
+    bare = selfcheck.check_launch(which=lambda name: None, pid1=str(pid1))
+    assert bare.status == OK  # informational while launches are not enabled
+    assert "the agent's own supervisor" in bare.message and "no podman: plain commands only" in bare.message
+    assert bare.message.endswith("no prlimit (util-linux): launches with limits are refused")

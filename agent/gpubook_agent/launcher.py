@@ -1,0 +1,236 @@
+"""Running a booking's environment on the node as the booking's user, bounded by the slot (issue 22).
+
+This is the supervisor for nodes where systemd is not PID 1, with the contract a transient systemd unit would
+give: the command runs as the user (never root: uid 0 and accounts under UID_MIN are refused, and the name must
+follow the portal's username syntax), in a session and process group of its own, with the resource limits the
+kernel offers per process (address space, processes, open files; set by util-linux's ``prlimit`` before the
+command starts, so nothing runs unlimited even for a moment), a clean environment (a fixed PATH, HOME, USER,
+LOGNAME, LANG and what the caller adds, such as CUDA_VISIBLE_DEVICES), and its output in a log only root can
+open. ``stop`` ends it and everything it started (its session, and every descendant, even one that left the
+session with ``setsid``): SIGTERM, the grace, then SIGKILL, through pidfds (cleanup.terminate), so a recycled
+pid is never hit. Argument lists only, never a shell.
+
+Not here yet (issue 22's later steps): the portal's environments and launch requests in the signed snapshot,
+podman, systemd units, and ending a launch at its lease's end (the enforcer's revocation will call ``stop``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from gpubook_agent import cleanup, procfs
+from gpubook_agent.usernames import valid_username
+
+NAME_RE = re.compile(r"\Agpubook-[a-z0-9-]{1,56}\Z")
+ENV_NAME_RE = re.compile(r"\A[A-Z_][A-Z0-9_]{0,63}\Z")
+PATH = "/usr/local/bin:/usr/bin:/bin"
+TAIL_BYTES = 4000
+MAX_ARGS = 64
+MAX_ARG_CHARS = 4096
+
+
+class LaunchRefused(Exception):
+    """The launch is not started: the message says why, in words for the portal's event."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    name: str  # gpubook-<lease>-<n>: the log's name, and the unit's on systemd nodes
+    user: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    memory_max_bytes: int | None = None  # address space of each process (RLIMIT_AS)
+    max_processes: int | None = None  # the user's processes (RLIMIT_NPROC)
+    open_files: int | None = None  # RLIMIT_NOFILE
+
+
+@dataclass
+class Launch:
+    spec: LaunchSpec
+    process: subprocess.Popen[bytes]
+    log_path: str
+    exit_code: int | None = None  # once its command has exited (negative: the signal that ended it)
+    stopped: bool = False  # ended by ``stop``, not by itself
+    unkillable: list[int] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+class Supervisor:
+    """The launches of one node. Thread-safe: the enforcer's thread starts and stops them, the reporter polls."""
+
+    def __init__(self, *, log_dir: str, uid_min: int | None = None) -> None:
+        self.log_dir = log_dir
+        self.uid_min = procfs.uid_min() if uid_min is None else uid_min
+        self._launches: dict[str, Launch] = {}
+        self._lock = threading.Lock()
+
+    def start(self, spec: LaunchSpec) -> Launch:
+        """Start ``spec``'s command as its user; LaunchRefused, with nothing started, when it may not run."""
+        _check(spec)
+        account = self._account(spec.user)
+        with self._lock:
+            running = self._launches.get(spec.name)
+            if running is not None and running.process.poll() is None:
+                raise LaunchRefused(f"{spec.name} runs already (pid {running.pid})")
+            log_path = os.path.join(self.log_dir, f"{spec.name}.log")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            log_fd = os.open(log_path, flags, 0o600)  # root's: the user's command writes through the descriptor
+            try:
+                process = subprocess.Popen(  # noqa: S603 - an argument list, checked above; never a shell
+                    [*_limits(spec), *spec.argv],
+                    user=account.pw_uid,
+                    group=account.pw_gid,
+                    extra_groups=os.getgrouplist(account.pw_name, account.pw_gid),
+                    start_new_session=True,
+                    cwd=account.pw_dir if os.path.isdir(account.pw_dir) else "/",
+                    env=_environment(account, spec.env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_fd,
+                    stderr=subprocess.STDOUT,
+                    close_fds=True,
+                )
+            except OSError as error:
+                os.unlink(log_path)
+                raise LaunchRefused(f"{spec.argv[0]} could not be started: {error.strerror}") from None
+            finally:
+                os.close(log_fd)
+            launch = Launch(spec=spec, process=process, log_path=log_path)
+            self._launches[spec.name] = launch
+            return launch
+
+    def poll(self) -> list[Launch]:
+        """The launches whose command has exited since the last poll (each once)."""
+        exited = []
+        with self._lock:
+            for launch in self._launches.values():
+                if launch.exit_code is None and (code := launch.process.poll()) is not None:
+                    launch.exit_code = code
+                    exited.append(launch)
+        return exited
+
+    def stop(self, name: str, *, grace: float) -> Launch | None:
+        """End the launch and everything it started: SIGTERM, ``grace`` seconds, then SIGKILL. None: no such one."""
+        with self._lock:
+            launch = self._launches.get(name)
+        if launch is None:
+            return None
+        running = launch.process.poll() is None
+        result = cleanup.terminate(family(launch.pid), term_timeout=grace)
+        launch.unkillable = result.unkillable
+        launch.stopped = launch.stopped or running
+        with contextlib.suppress(subprocess.TimeoutExpired):  # unkillable: the exit code comes with a later poll
+            launch.exit_code = launch.process.wait(timeout=1)
+        return launch
+
+    def tail(self, name: str, limit: int = TAIL_BYTES) -> str:
+        """The end of the launch's output, as text (undecodable bytes replaced)."""
+        with self._lock:
+            launch = self._launches.get(name)
+        if launch is None:
+            return ""
+        with open(launch.log_path, "rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            log.seek(max(0, size - limit))
+            return log.read().decode("utf-8", "replace")
+
+    def _account(self, user: str) -> pwd.struct_passwd:
+        try:
+            account = pwd.getpwnam(user)
+        except KeyError:
+            raise LaunchRefused(f"no account {user!r} on this node") from None
+        if account.pw_uid == 0 or account.pw_uid < self.uid_min:
+            raise LaunchRefused(f"{user} is not an ordinary account (uid {account.pw_uid} < UID_MIN {self.uid_min})")
+        return account
+
+
+def _check(spec: LaunchSpec) -> None:
+    if not NAME_RE.match(spec.name):
+        raise LaunchRefused(f"bad launch name {spec.name!r}")
+    if not valid_username(spec.user):
+        raise LaunchRefused(f"bad username {spec.user!r}")
+    if not spec.argv or len(spec.argv) > MAX_ARGS:
+        raise LaunchRefused(f"a command is 1 to {MAX_ARGS} arguments")
+    if any(not isinstance(arg, str) or "\0" in arg or len(arg) > MAX_ARG_CHARS for arg in spec.argv):
+        raise LaunchRefused(f"each argument is text of at most {MAX_ARG_CHARS} characters, without NUL")
+    for key, value in spec.env.items():
+        if not ENV_NAME_RE.match(key) or "\0" in value or len(value) > MAX_ARG_CHARS:
+            raise LaunchRefused(f"bad environment variable {key!r}")
+    for limit in (spec.memory_max_bytes, spec.max_processes, spec.open_files):
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise LaunchRefused("limits are positive whole numbers")
+
+
+def _limits(spec: LaunchSpec) -> list[str]:
+    """The ``prlimit`` prefix that sets the limits before the command runs (none without limits)."""
+    options = [
+        f"--{option}={value}"
+        for option, value in (("as", spec.memory_max_bytes), ("nproc", spec.max_processes), ("nofile", spec.open_files))
+        if value is not None
+    ]
+    if not options:
+        return []
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        raise LaunchRefused("this node has no prlimit (util-linux): the launch's limits cannot be set")
+    return [prlimit, *options, "--"]
+
+
+def _environment(account: pwd.struct_passwd, extra: Mapping[str, str]) -> dict[str, str]:
+    return {
+        "PATH": PATH,
+        "HOME": account.pw_dir,
+        "USER": account.pw_name,
+        "LOGNAME": account.pw_name,
+        "LANG": "C.UTF-8",
+        **extra,
+    }
+
+
+# -- a launch's processes ---------------------------------------------------------------------------------
+
+
+def family(root: int, *, proc: str = procfs.PROC) -> list[int]:
+    """``root`` and every process in its session or descended from it (a child that called ``setsid`` left
+    the session, not the family), read from /proc."""
+    parents: dict[int, int] = {}
+    members = {root}
+    for pid, ppid, session in _stats(proc):
+        parents[pid] = ppid
+        if session == root:
+            members.add(pid)
+    for pid in parents:
+        ancestor, seen = parents.get(pid), 0
+        while ancestor and seen < 64:
+            if ancestor == root:
+                members.add(pid)
+                break
+            ancestor, seen = parents.get(ancestor), seen + 1
+    return sorted(members)
+
+
+def _stats(proc: str) -> Iterator[tuple[int, int, int]]:
+    """(pid, ppid, session) of every process; those that vanish while read are skipped."""
+    try:
+        entries = [entry.name for entry in os.scandir(proc) if entry.name.isdigit()]
+    except OSError:
+        return
+    for name in entries:
+        try:
+            with open(os.path.join(proc, name, "stat"), "rb") as stat:
+                text = stat.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        fields = text[text.rfind(")") + 2 :].split()  # after "pid (comm) ": the name may hold spaces and parens
+        if len(fields) >= 4:
+            yield int(name), int(fields[1]), int(fields[3])

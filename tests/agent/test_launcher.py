@@ -1,0 +1,123 @@
+"""The launcher's supervisor (gpubook_agent/launcher.py) with real processes and throwaway accounts: a command
+runs as the booking's user in a session of its own, with its limits and a clean environment, its output in a
+root-only log; stop ends it and everything it started, a child that left the session and one that ignores
+SIGTERM included; root, system accounts and malformed launches are refused before anything runs."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import pytest
+
+from gpubook_agent.launcher import LaunchRefused, LaunchSpec, Supervisor, family
+from tests.agent.harness import wait_for
+
+
+@pytest.fixture
+def supervisor(tmp_path, unix_users) -> Supervisor:
+    log_dir = tmp_path / "launches"
+    log_dir.mkdir(mode=0o700)
+    return Supervisor(log_dir=str(log_dir), uid_min=1000)
+
+
+def spec(user, *argv: str, **fields) -> LaunchSpec:
+    return LaunchSpec(name=fields.pop("name", "gpubook-7-1"), user=user.name, argv=argv, **fields)
+
+
+def finished(supervisor: Supervisor, name: str = "gpubook-7-1"):
+    assert wait_for(lambda: supervisor.poll() or supervisor._launches[name].exit_code is not None, timeout=10)
+    return supervisor._launches[name]
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the name: state, ppid, pgrp, session, ...; None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat_file:
+            return stat_file.read().rsplit(") ", 1)[1].split()
+    except FileNotFoundError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def test_the_command_runs_as_the_user_with_its_limits_and_a_clean_environment(supervisor, unix_users):
+    user = unix_users[0]
+    script = 'id -u; id -g; echo "$CUDA_VISIBLE_DEVICES|$HOME|$USER|$SECRET"; pwd; cat /proc/self/limits'
+    os.environ["SECRET"] = "the agent's own"  # never handed on
+    try:
+        supervisor.start(
+            spec(
+                user, "/bin/sh", "-c", script,
+                env={"CUDA_VISIBLE_DEVICES": "GPU-abc"}, memory_max_bytes=2**30, max_processes=50, open_files=64,
+            )
+        )  # fmt: skip
+    finally:
+        del os.environ["SECRET"]
+    launch = finished(supervisor)
+    assert launch.exit_code == 0 and not launch.stopped
+    lines = supervisor.tail("gpubook-7-1").splitlines()
+    assert lines[:2] == [str(user.uid), str(user.gid)]
+    assert lines[2] == f"GPU-abc|/home/{user.name}|{user.name}|"  # no home on disk: HOME as passwd says, cwd /
+    assert lines[3] == "/"
+    limits = {line[:26].strip(): line[26:].split()[:2] for line in lines[5:]}  # name: soft, hard
+    assert limits["Max address space"] == [str(2**30)] * 2
+    assert (limits["Max processes"], limits["Max open files"]) == (["50", "50"], ["64", "64"])
+    log = os.stat(launch.log_path)
+    assert (log.st_uid, stat.S_IMODE(log.st_mode)) == (0, 0o600)  # the user writes only through its descriptor
+
+
+def test_it_runs_in_a_session_of_its_own_and_its_exit_code_is_reported_once(supervisor, unix_users):
+    launch = supervisor.start(spec(unix_users[0], "/bin/sh", "-c", "sleep 0.5; exit 3"))
+    assert stat_fields(launch.pid)[3] == str(launch.pid)  # the leader of its own session
+    assert finished(supervisor).exit_code == 3
+    assert supervisor.poll() == []
+
+
+def test_stop_ends_the_whole_family_within_the_grace_even_a_child_that_left_the_session(supervisor, unix_users):
+    script = "sleep 300 & setsid sleep 301 & trap '' TERM; while :; do sleep 1; done"
+    launch = supervisor.start(spec(unix_users[0], "/bin/sh", "-c", script))
+    assert wait_for(lambda: len(family(launch.pid)) >= 4, timeout=5)  # sh, two sleeps, the loop's sleep
+    members = family(launch.pid)
+
+    began = time.monotonic()
+    stopped = supervisor.stop("gpubook-7-1", grace=1.0)
+
+    assert stopped is not None and stopped.stopped and stopped.unkillable == []
+    assert time.monotonic() - began < 1.0 + 5  # the grace, then SIGKILL for the shell that ignores SIGTERM
+    assert not any(alive(pid) for pid in members)
+    assert stopped.exit_code == -9  # the shell ignored SIGTERM
+
+
+def test_a_second_start_of_a_running_launch_is_refused(supervisor, unix_users):
+    supervisor.start(spec(unix_users[0], "/bin/sleep", "30"))
+    with pytest.raises(LaunchRefused, match="runs already"):
+        supervisor.start(spec(unix_users[0], "/bin/sleep", "30"))
+    supervisor.stop("gpubook-7-1", grace=1.0)
+
+
+@pytest.mark.parametrize(
+    ("user", "argv", "fields", "words"),
+    [
+        ("root", ("/bin/true",), {}, "not an ordinary account"),
+        ("daemon", ("/bin/true",), {}, "not an ordinary account"),
+        ("gpbt_nobody_here", ("/bin/true",), {}, "no account"),
+        ("Root;rm", ("/bin/true",), {}, "bad username"),
+        (None, (), {}, "1 to 64 arguments"),
+        (None, ("/bin/true", "a\0b"), {}, "without NUL"),
+        (None, ("/bin/true",), {"name": "../../etc/passwd"}, "bad launch name"),
+        (None, ("/bin/true",), {"env": {"LD_PRELOAD=x": "y"}}, "bad environment variable"),
+        (None, ("/bin/true",), {"memory_max_bytes": -1}, "positive whole numbers"),
+        (None, ("/nonexistent/command",), {}, "could not be started"),
+    ],
+)
+def test_what_may_not_run_is_refused_before_anything_runs(supervisor, unix_users, user, argv, fields, words):
+    name = fields.pop("name", "gpubook-7-1")
+    launch = LaunchSpec(name=name, user=user or unix_users[0].name, argv=argv, **fields)
+    with pytest.raises(LaunchRefused, match=words):
+        supervisor.start(launch)
+    assert supervisor.poll() == [] and os.listdir(supervisor.log_dir) == []  # no log, anywhere else either
