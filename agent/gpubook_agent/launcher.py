@@ -6,9 +6,11 @@ follow the portal's username syntax), in a session and process group of its own,
 kernel offers per process (address space, processes, open files; set by util-linux's ``prlimit`` before the
 command starts, so nothing runs unlimited even for a moment), a clean environment (a fixed PATH, HOME, USER,
 LOGNAME, LANG and what the caller adds, such as CUDA_VISIBLE_DEVICES), and its output in a log only root can
-open. ``stop`` ends it and everything it started (its session, and every descendant, even one that left the
-session with ``setsid``): SIGTERM, the grace, then SIGKILL, through pidfds (cleanup.terminate), so a recycled
-pid is never hit. Argument lists only, never a shell.
+open. ``stop`` ends it and everything it started (its session, and while the command itself runs every
+descendant, even one that left the session with ``setsid``; after it has exited, what is left of its session):
+SIGTERM, the grace, then SIGKILL, through pidfds (cleanup.terminate), so a recycled pid is never hit. A process
+that left both the session and the family (``setsid`` in a child whose parent exited) escapes: cgroups (the
+systemd unit) are the answer to that. Argument lists only, never a shell.
 
 Not here yet (issue 22's later steps): the portal's environments and launch requests in the signed snapshot,
 podman, systemd units, and ending a launch at its lease's end (the enforcer's revocation will call ``stop``).
@@ -125,8 +127,11 @@ class Supervisor:
             launch = self._launches.get(name)
         if launch is None:
             return None
+        # Until the agent reaps its command (poll), the pid stays the command's, a zombie at worst; once reaped,
+        # the number may be another process's, and so may its children's parent: then only the session counts
+        # (Linux reuses no pid that is still a session's id).
         running = launch.process.poll() is None
-        result = cleanup.terminate(family(launch.pid), term_timeout=grace)
+        result = cleanup.terminate(family(launch.pid, reaped=not running), term_timeout=grace)
         launch.unkillable = result.unkillable
         launch.stopped = launch.stopped or running
         with contextlib.suppress(subprocess.TimeoutExpired):  # unkillable: the exit code comes with a later poll
@@ -200,15 +205,18 @@ def _environment(account: pwd.struct_passwd, extra: Mapping[str, str]) -> dict[s
 # -- a launch's processes ---------------------------------------------------------------------------------
 
 
-def family(root: int, *, proc: str = procfs.PROC) -> list[int]:
+def family(root: int, *, reaped: bool = False, proc: str = procfs.PROC) -> list[int]:
     """``root`` and every process in its session or descended from it (a child that called ``setsid`` left
-    the session, not the family), read from /proc."""
+    the session, not the family), read from /proc. ``reaped``: root has exited and been reaped, so its pid
+    may name another process now: only the members of its session (they keep the number reserved)."""
     parents: dict[int, int] = {}
-    members = {root}
+    members = set() if reaped else {root}
     for pid, ppid, session in _stats(proc):
         parents[pid] = ppid
         if session == root:
             members.add(pid)
+    if reaped:
+        return sorted(members)
     for pid in parents:
         ancestor, seen = parents.get(pid), 0
         while ancestor and seen < 64:

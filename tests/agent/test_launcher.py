@@ -121,3 +121,17 @@ def test_what_may_not_run_is_refused_before_anything_runs(supervisor, unix_users
     with pytest.raises(LaunchRefused, match=words):
         supervisor.start(launch)
     assert supervisor.poll() == [] and os.listdir(supervisor.log_dir) == []  # no log, anywhere else either
+
+
+def test_after_the_command_exited_stop_ends_what_is_left_of_its_session_and_nothing_by_its_old_pid(
+    supervisor, unix_users
+):
+    launch = supervisor.start(spec(unix_users[0], "/bin/sh", "-c", "sleep 300 & exit 0"))
+    assert finished(supervisor).exit_code == 0
+    (orphan,) = [pid for pid in family(launch.pid, reaped=True)]  # the sleep, reparented, still in the session
+    assert launch.pid not in family(launch.pid, reaped=True)  # the reaped pid may be anyone's now
+
+    stopped = supervisor.stop("gpubook-7-1", grace=1.0)
+
+    assert stopped is not None and not stopped.stopped  # the command had ended by itself
+    assert wait_for(lambda: not alive(orphan), timeout=5)
