@@ -32,7 +32,7 @@ def test_a_busy_gpu_shows_its_holder_load_and_history(asgi_server, live_lab, bro
         for load in [0 if 300 < seconds < 380 else 55 + (seconds // 15 * 13) % 40]
     )
     idle = telemetry(utilization=0, uuid="GPU-live-1")
-    idle["gpus"][0].update(memory_used_mib=0, power_w=61.0, temperature_c=31, processes=[])
+    idle["gpus"][0].update(memory_used_mib=0, power_w=61.0, power_limit_w=100.0, temperature_c=31, processes=[])
     for load in (80, 77):
         busy = telemetry(utilization=load)
         busy["gpus"] += idle["gpus"]
@@ -52,6 +52,7 @@ def test_a_busy_gpu_shows_its_holder_load_and_history(asgi_server, live_lab, bro
     expect(card.locator(".processes")).to_contain_text("rita · 3.9 GB")
     other = page.locator(f'.gpu-card[data-gpu="{gpus[1].pk}"]')
     expect(other.locator('[data-metric="utilization"] .metric-value')).to_have_text("0 %")
+    expect(other.locator('[data-metric="power"] .metric-value')).to_have_text("61 W of 100 W")  # the idle cap's limit
 
     # Nothing overflows sideways, on the phone either.
     assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
