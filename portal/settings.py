@@ -93,6 +93,7 @@ INSTALLED_APPS = [
     "accounting",
     "feeds",
     "alerts",
+    "environments",
     "fairshare",
     "waitlist",
     "metrics",

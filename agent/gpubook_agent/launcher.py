@@ -29,14 +29,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from gpubook_agent import cleanup, procfs
+from gpubook_agent.protocol import MAX_ARG_CHARS, argv_problem
 from gpubook_agent.usernames import valid_username
 
 NAME_RE = re.compile(r"\Agpubook-[a-z0-9-]{1,56}\Z")
 ENV_NAME_RE = re.compile(r"\A[A-Z_][A-Z0-9_]{0,63}\Z")
 PATH = "/usr/local/bin:/usr/bin:/bin"
 TAIL_BYTES = 4000
-MAX_ARGS = 64
-MAX_ARG_CHARS = 4096
 
 
 class LaunchRefused(Exception):
@@ -164,10 +163,9 @@ def _check(spec: LaunchSpec) -> None:
         raise LaunchRefused(f"bad launch name {spec.name!r}")
     if not valid_username(spec.user):
         raise LaunchRefused(f"bad username {spec.user!r}")
-    if not spec.argv or len(spec.argv) > MAX_ARGS:
-        raise LaunchRefused(f"a command is 1 to {MAX_ARGS} arguments")
-    if any(not isinstance(arg, str) or "\0" in arg or len(arg) > MAX_ARG_CHARS for arg in spec.argv):
-        raise LaunchRefused(f"each argument is text of at most {MAX_ARG_CHARS} characters, without NUL")
+    problem = argv_problem(spec.argv)
+    if problem:
+        raise LaunchRefused(problem)
     for key, value in spec.env.items():
         if not ENV_NAME_RE.match(key) or "\0" in value or len(value) > MAX_ARG_CHARS:
             raise LaunchRefused(f"bad environment variable {key!r}")

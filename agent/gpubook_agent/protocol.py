@@ -72,6 +72,19 @@ EVENT_KINDS = (
 # allows). Both sides check it: the portal when an admin sets it, the agent when a snapshot brings it.
 IDLE_POWER_LIMIT_PCT_MIN, IDLE_POWER_LIMIT_PCT_MAX = 10, 100
 
+# A booking's environment runs a command from an argument list, never a shell (issue 22): the portal checks an
+# admin's command when it is saved (environments.Environment), the agent again before it runs one (launcher.py).
+MAX_ARGS, MAX_ARG_CHARS = 64, 4096
+
+
+def argv_problem(argv: object) -> str | None:
+    """Why ``argv`` is not a command the agent runs, in words; None when it is one."""
+    if not isinstance(argv, list | tuple) or not 1 <= len(argv) <= MAX_ARGS:
+        return f"a command is a list of 1 to {MAX_ARGS} arguments"
+    if any(not isinstance(arg, str) or not arg or "\0" in arg or len(arg) > MAX_ARG_CHARS for arg in argv):
+        return f"each argument is text of 1 to {MAX_ARG_CHARS} characters, without NUL"
+    return None
+
 
 # -- the bodies ----------------------------------------------------------------------------------------
 

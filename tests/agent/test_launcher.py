@@ -107,7 +107,7 @@ def test_a_second_start_of_a_running_launch_is_refused(supervisor, unix_users):
         ("daemon", ("/bin/true",), {}, "not an ordinary account"),
         ("gpbt_nobody_here", ("/bin/true",), {}, "no account"),
         ("Root;rm", ("/bin/true",), {}, "bad username"),
-        (None, (), {}, "1 to 64 arguments"),
+        (None, (), {}, "a list of 1 to 64 arguments"),
         (None, ("/bin/true", "a\0b"), {}, "without NUL"),
         (None, ("/bin/true",), {"name": "../../etc/passwd"}, "bad launch name"),
         (None, ("/bin/true",), {"env": {"LD_PRELOAD=x": "y"}}, "bad environment variable"),
