@@ -52,7 +52,7 @@ class Outlook:
     busiest_pct: float
     busiest_day: int  # Monday 0, in the person's zone
     busiest_hour: int
-    busy: bool  # touches the busiest quarter of the week
+    busy: bool  # touches an hour of the busiest quarter of the week with BUSY_FLOOR_PCT of the fleet booked
     price_per_kwh: Decimal | None  # the mean over the slot's priced hours; None without tariffs
 
     def why(self, currency: str) -> str:
