@@ -13,15 +13,12 @@ from gpubook_agent import protocol
 from gpubook_agent.signing import verify
 from gpubook_agent.snapshot import decode_snapshot, parse_snapshot
 from nodes.models import GpuTelemetry, Node, NodeEvent
-from nodes.services import node_rotate_credentials
 from reservations import pushes
 from reservations.leases import node_snapshot
 from tests.conftest import MONDAY_9
 from tests.nodes.queues import messages, purge
 from tests.nodes.test_agent_reports import EVENTS, TELEMETRY, agent_client, sample
-
-PUSH_TASK = "nodes.push_node_leases"
-PORTAL_QUEUE = "celery"
+from tests.nodes.test_pushes import PORTAL_QUEUE, PUSH_TASK, agent_node  # noqa: F401 (the fixture)
 
 
 def change_form(node: Node, **changes: object) -> dict[str, object]:
@@ -87,16 +84,11 @@ def test_the_admin_refuses_a_bad_cap_and_changes_nothing(client, carol, node, va
     assert node.idle_power_limit_pct is None
 
 
-@pytest.fixture
-def agent_node(node):
-    node_rotate_credentials(node=node)
-    purge(PORTAL_QUEUE, "node.gpu-a100", pushes.PENDING_KEY.format(node_id=node.pk))
-    yield node
-    purge(PORTAL_QUEUE, "node.gpu-a100", pushes.PENDING_KEY.format(node_id=node.pk))
-
-
 def test_an_admin_who_sets_the_cap_is_audited_and_the_node_is_pushed_at_once(
-    client, carol, agent_node, django_capture_on_commit_callbacks
+    client,
+    carol,
+    agent_node,  # noqa: F811 (the fixture imported above)
+    django_capture_on_commit_callbacks,
 ):
     client.force_login(carol)
     with django_capture_on_commit_callbacks(execute=True):
@@ -122,7 +114,10 @@ def test_an_admin_who_sets_the_cap_is_audited_and_the_node_is_pushed_at_once(
 
 
 def test_saving_a_node_without_changing_the_cap_pushes_nothing(
-    client, carol, agent_node, django_capture_on_commit_callbacks
+    client,
+    carol,
+    agent_node,  # noqa: F811 (the fixture imported above)
+    django_capture_on_commit_callbacks,
 ):
     client.force_login(carol)
     with django_capture_on_commit_callbacks(execute=True):
