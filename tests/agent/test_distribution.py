@@ -30,7 +30,7 @@ PORTAL_ONLY = {"django", "daphne", "psycopg", "psycopg-binary", "djangorestframe
 AGENT_NEEDS = {"gpubook-agent", "celery", "kombu", "redis", "nvidia-ml-py"}
 PIP_TIMEOUT = 600
 FOREIGN_VARIABLES = ("PYTHON", "VIRTUAL_ENV", "GPUBOOK_", "DJANGO_")
-CHECKS = ["config", "root", "gpus", "device files", "acls", "state", "portal", "clock", "broker"]
+CHECKS = ["config", "root", "gpus", "device files", "acls", "state", "portal", "clock", "broker", "launch"]
 
 
 class AgentVenv:
