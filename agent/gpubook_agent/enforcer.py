@@ -381,18 +381,19 @@ class Enforcer:
     # -- making it so -----------------------------------------------------------------------
 
     def converge(self, now: datetime) -> None:
-        """Apply the difference between the wanted ACLs and the ones in force; the idle power cap first."""
+        """Apply the difference between the wanted ACLs and the ones in force, with the idle power cap around it:
+        limits given back before the grants, idle cards capped after them."""
         wanted = self.desired(now)
-        self._power(wanted, self.power.give_back)
+        busy = {self.access.card_of(unit) for unit, users in wanted.items() if users}
+        self._power(self.power.give_back, busy)
         self._enforce(wanted, now)
-        self._power(wanted, self.power.cap_idle)
+        self._power(self.power.cap_idle, busy)
 
-    def _power(self, wanted: dict[str, set[str]], step: Callable[[int | None, set[str]], None]) -> None:
+    def _power(self, step: Callable[[int | None, set[str]], None], busy: set[str]) -> None:
         """The idle power cap (power.py): ``give_back`` the limit of the cards anyone holds now before the grants,
         so a booking starts at full power; ``cap_idle`` the others after them. A failure never holds up a grant."""
         snapshot = self._snapshot
         try:
-            busy = {self.access.card_of(unit) for unit, users in wanted.items() if users}
             step(snapshot.idle_power_limit_pct if snapshot else None, busy)
         except Exception:
             log.exception("the idle power cap failed; enforcing the leases goes on")

@@ -1,16 +1,16 @@
 """Running a booking's environment on the node as the booking's user, bounded by the slot (issue 22).
 
-This is the supervisor for nodes where systemd is not PID 1, with the contract a transient systemd unit would
-give: the command runs as the user (never root: uid 0 and accounts under UID_MIN are refused, and the name must
-follow the portal's username syntax), in a session and process group of its own, with the resource limits the
-kernel offers per process (address space, processes, open files; set by util-linux's ``prlimit`` before the
-command starts, so nothing runs unlimited even for a moment), a clean environment (a fixed PATH, HOME, USER,
-LOGNAME, LANG and what the caller adds, such as CUDA_VISIBLE_DEVICES), and its output in a log only root can
-open. ``stop`` ends it and everything it started (its session, and while the command itself runs every
-descendant, even one that left the session with ``setsid``; after it has exited, what is left of its session):
-SIGTERM, the grace, then SIGKILL, through pidfds (cleanup.terminate), so a recycled pid is never hit. A process
-that left both the session and the family (``setsid`` in a child whose parent exited) escapes: cgroups (the
-systemd unit) are the answer to that. Argument lists only, never a shell.
+This is the supervisor for nodes where systemd is not PID 1, with the contract a transient systemd unit would give:
+the command runs as the user (never root: root, and every account a lease would be refused for: under UID_MIN,
+nobody, PROTECTED_USERS; the name must follow the portal's username syntax), in a session and process group of its
+own, with the resource limits the kernel offers per process (address space, processes, open files; set by
+util-linux's ``prlimit`` before the command starts, so nothing runs unlimited even for a moment), a clean
+environment (a fixed PATH, HOME, USER, LOGNAME, LANG and what the caller adds, such as CUDA_VISIBLE_DEVICES), and
+its output in a log only root can open. ``stop`` ends it and everything it started (its session, and while the
+command itself runs every descendant, even one that left the session with ``setsid``; after it has exited, what is
+left of its session): SIGTERM, the grace, then SIGKILL, through pidfds (cleanup.terminate), so a recycled pid is
+never hit. A process that left both the session and the family (``setsid`` in a child whose parent exited) escapes:
+cgroups (the systemd unit) are the answer to that. Argument lists only, never a shell.
 
 Not here yet (issue 22's later steps): the portal's environments and launch requests in the signed snapshot,
 podman, systemd units, and ending a launch at its lease's end (the enforcer's revocation will call ``stop``).
@@ -25,10 +25,11 @@ import re
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpubook_agent import cleanup, procfs
+from gpubook_agent.accounts import AccountCheck
 from gpubook_agent.protocol import MAX_ARG_CHARS, argv_problem
 from gpubook_agent.usernames import valid_username
 
@@ -70,9 +71,11 @@ class Launch:
 class Supervisor:
     """The launches of one node. Thread-safe: the enforcer's thread starts and stops them, the reporter polls."""
 
-    def __init__(self, *, log_dir: str, uid_min: int | None = None) -> None:
+    def __init__(self, *, log_dir: str, accounts: AccountCheck | None = None, uid_min: int | None = None) -> None:
+        """``accounts``: the enforcer's own check (its protected users too); else one with ``uid_min`` (or the
+        node's UID_MIN)."""
         self.log_dir = log_dir
-        self.uid_min = procfs.uid_min() if uid_min is None else uid_min
+        self.accounts = accounts or AccountCheck(uid_min=procfs.uid_min() if uid_min is None else uid_min)
         self._launches: dict[str, Launch] = {}
         self._lock = threading.Lock()
 
@@ -149,13 +152,15 @@ class Supervisor:
             return log.read().decode("utf-8", "replace")
 
     def _account(self, user: str) -> pwd.struct_passwd:
-        try:
+        """The account a launch runs as: one this node would give a GPU to (accounts.AccountCheck, the rule its
+        leases follow), asked afresh; and never root, whatever UID_MIN says."""
+        refusal = self.accounts.refusal(user, max_age=0)
+        if refusal is None:
             account = pwd.getpwnam(user)
-        except KeyError:
-            raise LaunchRefused(f"no account {user!r} on this node") from None
-        if account.pw_uid == 0 or account.pw_uid < self.uid_min:
-            raise LaunchRefused(f"{user} is not an ordinary account (uid {account.pw_uid} < UID_MIN {self.uid_min})")
-        return account
+            if account.pw_uid != 0:
+                return account
+            refusal = f"{user!r} is root"
+        raise LaunchRefused(f"not an ordinary account here: {refusal}")
 
 
 def _check(spec: LaunchSpec) -> None:
@@ -209,7 +214,7 @@ def family(root: int, *, reaped: bool = False, proc: str = procfs.PROC) -> list[
     may name another process now: only the members of its session (they keep the number reserved)."""
     parents: dict[int, int] = {}
     members = set() if reaped else {root}
-    for pid, ppid, session in _stats(proc):
+    for pid, ppid, session in procfs.process_tree(proc=proc):
         parents[pid] = ppid
         if session == root:
             members.add(pid)
@@ -223,20 +228,3 @@ def family(root: int, *, reaped: bool = False, proc: str = procfs.PROC) -> list[
                 break
             ancestor, seen = parents.get(ancestor), seen + 1
     return sorted(members)
-
-
-def _stats(proc: str) -> Iterator[tuple[int, int, int]]:
-    """(pid, ppid, session) of every process; those that vanish while read are skipped."""
-    try:
-        entries = [entry.name for entry in os.scandir(proc) if entry.name.isdigit()]
-    except OSError:
-        return
-    for name in entries:
-        try:
-            with open(os.path.join(proc, name, "stat"), "rb") as stat:
-                text = stat.read().decode("ascii", "replace")
-        except OSError:
-            continue
-        fields = text[text.rfind(")") + 2 :].split()  # after "pid (comm) ": the name may hold spaces and parens
-        if len(fields) >= 4:
-            yield int(name), int(fields[1]), int(fields[3])

@@ -202,7 +202,7 @@ class PowerCap:
             limits = self.backend.power_limits(card)
         except Exception as error:  # PowerLimitError, or a binding this agent does not know: this card only
             self._unreadable.add(card)
-            self._fail(card, str(error) if isinstance(error, PowerLimitError) else f"{type(error).__name__}: {error}")
+            self._fail(card, _words(error))
             return None
         self._limits[card] = limits
         return limits
@@ -212,8 +212,7 @@ class PowerCap:
             self.backend.set_power_limit(card, watts)
         except Exception as error:  # PowerLimitError, or a binding this agent does not know: the card is left as is
             self._failed[card] = watts
-            message = str(error) if isinstance(error, PowerLimitError) else f"{type(error).__name__}: {error}"
-            self._fail(card, message, watts=watts)
+            self._fail(card, _words(error), watts=watts)
             return False
         self._limits[card] = replace(limits, current_w=watts)
         self._failed.pop(card, None)
@@ -245,3 +244,8 @@ class PowerCap:
 
     def _off_reason(self) -> str:
         return "the idle power cap is off" if self.allowed else "this node's ALLOW_POWER_CAP=false refuses it"
+
+
+def _words(error: Exception) -> str:
+    """A failure as the event says it: a PowerLimitError's own words; anything else with its type's name."""
+    return str(error) if isinstance(error, PowerLimitError) else f"{type(error).__name__}: {error}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 PROC = "/proc"
 LOGIN_DEFS = "/etc/login.defs"
@@ -51,6 +51,23 @@ def fd_holders(paths: Iterable[str], *, proc: str = PROC) -> dict[str, set[int]]
                 for path in wanted.get(target, ()):
                     found[path].add(pid)
     return found
+
+
+def process_tree(*, proc: str = PROC) -> Iterator[tuple[int, int, int]]:
+    """(pid, parent pid, session id) of every process, from ``/proc/<pid>/stat``."""
+    try:
+        names = [entry.name for entry in os.scandir(proc) if entry.name.isdigit()]
+    except OSError:
+        return
+    for name in names:
+        try:
+            with open(f"{proc}/{name}/stat", "rb") as file:
+                text = file.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        fields = text[text.rfind(")") + 2 :].split()  # after "pid (comm) ": the name may hold spaces and parens
+        if len(fields) >= 4:
+            yield int(name), int(fields[1]), int(fields[3])
 
 
 def process_status(pid: int, *, proc: str = PROC) -> dict[str, str] | None:
