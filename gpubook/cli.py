@@ -279,7 +279,7 @@ def _question(client: Client, booking: dict[str, Any]) -> dict[str, Any] | None:
     """What to ask /availability/suggest/ about a booking (or a booking's body, GPUs by id or by count): how
     many GPUs, or MIG slices of which profile, from when, how long. None when the portal cannot say."""
     try:
-        hours = (parse_iso(booking["end"]) - parse_iso(booking["start"])).total_seconds() / 3600
+        hours = _hours(booking)
         profile = booking.get("profile")
         ids = booking.get("gpus") or []
         if profile is None and ids:  # GPUs by id: cards, or slices of the first one's profile
@@ -287,15 +287,19 @@ def _question(client: Client, booking: dict[str, Any]) -> dict[str, Any] | None:
         gpus = booking.get("gpu_count") or len(ids)
     except (ClientError, AttributeError, KeyError, TypeError, ValueError):
         return None
-    return {"gpus": gpus, "hours": round(hours, 2), "start": booking["start"], "profile": profile}
+    return {"gpus": gpus, "hours": hours, "start": booking["start"], "profile": profile}
+
+
+def _hours(booking: dict[str, Any]) -> float:
+    """How long a booking (or a booking's body) is, in hours to the hundredth, as the advice endpoints take it."""
+    return round((parse_iso(booking["end"]) - parse_iso(booking["start"])).total_seconds() / 3600, 2)
 
 
 def length_note(client: Client, reservation: dict[str, Any]) -> str | None:
     """The portal's advice when a booking is far longer than the person's own bookings of as many GPUs were busy
     (me/length-advice/). Advice only: a portal without it, or any failure, says nothing."""
     try:
-        hours = (parse_iso(reservation["end"]) - parse_iso(reservation["start"])).total_seconds() / 3600
-        answer = client.get("me/length-advice/", {"gpus": len(reservation["gpus"]), "hours": round(hours, 2)})
+        answer = client.get("me/length-advice/", {"gpus": len(reservation["gpus"]), "hours": _hours(reservation)})
         return answer.get("advice") if isinstance(answer, dict) else None
     except (ClientError, KeyError, TypeError, ValueError):
         return None

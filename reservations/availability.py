@@ -185,7 +185,7 @@ class _Places:
     def is_free(self, unit: Gpu, start: datetime, end: datetime) -> bool:
         """Whether no place overlaps ``unit``'s part of its card within [start, end) (selectors.is_free)."""
         low, high = unit.placement
-        return not any(p.low < high and low < p.high for p in self.overlapping(unit.card_id, start, end))
+        return not any(place.shares_part(low, high) for place in self.overlapping(unit.card_id, start, end))
 
     def any_between(self, start: datetime, end: datetime) -> bool:
         return any(next(self.overlapping(card, start, end), None) is not None for card in self._cards)

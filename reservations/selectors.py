@@ -26,6 +26,10 @@ class Place(NamedTuple):
     start: datetime
     end: datetime
 
+    def shares_part(self, low: int, high: int) -> bool:
+        """Whether the place overlaps memory slices [low, high) of its card: a unit's part (Gpu.placement)."""
+        return self.low < high and low < self.high
+
 
 def allocations_overlapping(
     *, gpus: Sequence[Gpu], start: datetime, end: datetime, exclude_reservation_id: int | None = None
@@ -180,7 +184,7 @@ def is_free(unit: Gpu, places: Iterable[Place], start: datetime, end: datetime) 
     low, high = unit.placement
     card_id = unit.card_id  # a property: read once, not once per place
     for place in places:
-        same_part = place.card_id == card_id and place.low < high and low < place.high
+        same_part = place.card_id == card_id and place.shares_part(low, high)
         if same_part and place.start < end and start < place.end:
             return False
     return True
