@@ -8,10 +8,11 @@ from django.http import HttpRequest
 
 from audit.models import AuditEntry
 from audit.services import audit_record
+from kernel.admin import ReadOnlyAdmin
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
+class AuditEntryAdmin(ReadOnlyAdmin):
     """Read-only: the trail is written by the services, never edited by hand."""
 
     list_display = ("created_at", "actor_name", "action", "target_repr", "reason")
@@ -19,15 +20,6 @@ class AuditEntryAdmin(admin.ModelAdmin):
     search_fields = ("actor_name", "action", "target_repr", "target_id", "reason")
     date_hierarchy = "created_at"
     readonly_fields = [f.name for f in AuditEntry._meta.fields]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 def _jsonable(instance: Any) -> dict[str, Any]:

@@ -3,25 +3,23 @@ the command run in it) and, where the admins allow it, plain commands, each with
 
 Only what is listed here can ever run: people pick an environment, they never send a command or an image. The
 command is an argument list, never a shell line, checked here when saved and again by the agent before it runs
-(gpubook_agent.protocol.argv_problem). Launching from a booking comes in issue 22's next steps.
+(gpubook_agent.protocol.argv_problem). In the command, ``{port}`` and ``{token}`` stand for a free loopback port on
+the node and a fresh secret, which the agent picks when it starts the launch (a notebook listens there).
+
+A ``Launch`` is one run of an environment in a booking: asked for by the booking's holder, carried to the node in
+the booking's lease (reservations/leases.py), started there once the slot has opened its GPUs and ended with it.
+The agent reports its state, output and connection in every heartbeat (environments/services.py).
 """
 
 from __future__ import annotations
 
-import re
-
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from gpubook_agent.protocol import argv_problem
-
-# An OCI image reference: [registry[:port]/]path[:tag][@sha256:digest], lower case path components.
-IMAGE_RE = re.compile(
-    r"\A(?:[a-z0-9]+(?:[.-][a-z0-9]+)*(?::[0-9]{1,5})?/)?"
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?\Z"
-)
+from gpubook_agent.protocol import IMAGE_RE, argv_problem, launch_name
+from reservations.models import Reservation
 
 
 class Environment(models.Model):
@@ -38,13 +36,26 @@ class Environment(models.Model):
         "of the slot). Empty for a plain command.",
     )
     command = models.JSONField(
-        help_text='The command as a list of arguments, never a shell line: ["jupyter", "lab", "--no-browser"].'
+        help_text='The command as a list of arguments, never a shell line: ["jupyter", "lab", "--no-browser", '
+        '"--ip=0.0.0.0", "--port={port}"]. {port} and {token} are filled in on the node: a free port on its loopback '
+        "and a fresh secret, shown to the booking's holder alone. The command also finds them in GPUBOOK_PORT and "
+        "GPUBOOK_TOKEN (and JUPYTER_TOKEN, which Jupyter reads by itself): prefer those to {token}, since any account "
+        "on the node can read a command line. In a container, listen on 0.0.0.0, the container's own network: the "
+        "node publishes the port on its loopback only."
     )
     memory_max_gb = models.PositiveIntegerField(
-        "memory limit (GB)", null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(16384)]
+        "memory limit (GB)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(16384)],
+        help_text="The address space of each process (RLIMIT_AS, the limit nodes without cgroups offer). CUDA reserves "
+        "far more address space than it uses: leave it empty for GPU work unless a value was tried.",
     )
     max_processes = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(1_000_000)]
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(1_000_000)],
+        help_text="The user's processes on the node (RLIMIT_NPROC), counted across all their sessions.",
     )
     description = models.TextField(blank=True, help_text="Shown to people choosing an environment.")
     enabled = models.BooleanField(default=True, help_text="Only enabled environments can be launched.")
@@ -65,3 +76,53 @@ class Environment(models.Model):
             )
         if self.kind == self.Kind.COMMAND and self.image:
             raise ValidationError({"image": "A plain command runs no image: leave it empty, or make it a container."})
+
+
+class Launch(models.Model):
+    """One run of an environment in a booking (``gpubook-<reservation>-<number>`` on the node)."""
+
+    class State(models.TextChoices):
+        REQUESTED = "requested", "Waiting to start"
+        STARTING = "starting", "Starting"
+        RUNNING = "running", "Running"
+        EXITED = "exited", "Exited"
+        STOPPED = "stopped", "Stopped"
+        REFUSED = "refused", "Refused by the node"
+
+    # Still to run or running: the node is asked to run it (unless a stop was asked for).
+    OPEN_STATES = (State.REQUESTED, State.STARTING, State.RUNNING)
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="launches")
+    number = models.PositiveIntegerField(help_text="1, 2, ... within the booking.")
+    environment = models.ForeignKey(Environment, on_delete=models.PROTECT, related_name="launches")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    requested_at = models.DateTimeField()
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    state = models.CharField(max_length=16, choices=State.choices, default=State.REQUESTED)
+    exit_code = models.IntegerField(null=True, blank=True)
+    message = models.TextField(blank=True, help_text="Why it was refused or how it ended, from the node.")
+    port = models.PositiveIntegerField(null=True, blank=True, help_text="The node's loopback port it listens on.")
+    token = models.CharField(max_length=128, blank=True, help_text="Its notebook's token: shown only to its holder.")
+    log_tail = models.TextField(blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    reported_at = models.DateTimeField(null=True, blank=True, help_text="The node's last word on it.")
+
+    class Meta:
+        ordering = ["reservation_id", "number"]
+        constraints = [models.UniqueConstraint(fields=["reservation", "number"], name="launch_number_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.environment} in booking #{self.reservation_id} (launch {self.number})"
+
+    @property
+    def is_open(self) -> bool:
+        return self.state in self.OPEN_STATES
+
+    @property
+    def name(self) -> str:
+        """Its name on the node: its container's, its unit's, its log's."""
+        return launch_name(self.reservation_id, self.number)

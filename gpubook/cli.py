@@ -19,6 +19,7 @@ from typing import Any
 
 from gpubook import __version__
 from gpubook.client import ApiError, Client, ClientError, ConfigError, Unreachable, load_config
+from gpubook.launch_cli import add_launch_commands
 from gpubook.series_cli import (
     add_repeat_options,
     add_series_command,
@@ -411,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_series_command(add, ident=positive_int)
     add_waitlist_commands(add, moment=parse_moment, hours=positive_hours, ids=id_list, count=positive_int)
     add_suggest_command(add, moment=parse_moment, hours=positive_hours, count=positive_int)
+    add_launch_commands(add, ident=positive_int)
     return parser
 
 

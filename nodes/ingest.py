@@ -39,7 +39,18 @@ from nodes.usage import usage_record
 logger = logging.getLogger(__name__)
 
 TELEMETRY_FIELDS = (*GpuTelemetry.READINGS, "processes")
-EVENT_DETAIL_FIELDS = ("pid", "pids", "process", "version", "leases", "boundary", "drained", "power_limit_w")
+EVENT_DETAIL_FIELDS = (
+    "pid",
+    "pids",
+    "process",
+    "version",
+    "leases",
+    "boundary",
+    "drained",
+    "power_limit_w",
+    "launch",
+    "exit_code",
+)
 # Events that act: an unkillable leftover drains its GPU, and these open or resolve alerts
 # (the receivers of node_events_recorded). Past the node's budget they are stored first, and act even
 # when not stored.
@@ -90,7 +101,7 @@ def agent_heartbeat_record(*, node: Node, data: dict[str, Any], now: datetime) -
     cards_changed = (
         _came_back(node, previous, now) or (previous is not None and previous.drained != drained) or layout_changed
     )
-    node_reported.send(sender=Node, node=node, now=now, cards_changed=cards_changed)
+    node_reported.send(sender=Node, node=node, now=now, cards_changed=cards_changed, launches=data.get("launches", []))
     return state, ignored
 
 

@@ -61,6 +61,23 @@ class MigCardSerializer(serializers.Serializer):
         return data
 
 
+class LaunchStatusSerializer(serializers.Serializer):
+    """One environment the agent runs or ran (protocol.LaunchStatus)."""
+
+    reservation = serializers.IntegerField(min_value=1, max_value=2**62)
+    number = serializers.IntegerField(min_value=1, max_value=10**6)
+    state = serializers.ChoiceField(choices=list(protocol.LAUNCH_STATES))
+    exit_code = serializers.IntegerField(required=False, allow_null=True, min_value=-255, max_value=255)
+    message = serializers.CharField(
+        required=False, allow_blank=True, max_length=protocol.TEXT_LIMITS["message"], trim_whitespace=False
+    )
+    port = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=65535)
+    token = serializers.CharField(required=False, allow_blank=True, max_length=128)
+    tail = serializers.CharField(
+        required=False, allow_blank=True, max_length=protocol.LAUNCH_TAIL_CHARS, trim_whitespace=False
+    )
+
+
 class HeartbeatSerializer(serializers.Serializer):
     sent_at = AwareDateTimeField()
     agent_version = serializers.CharField(max_length=40)
@@ -77,6 +94,12 @@ class HeartbeatSerializer(serializers.Serializer):
     drained = serializers.ListField(child=serializers.CharField(max_length=80), required=False, max_length=MAX_GPUS)
     mig = MigCardSerializer(  # type: ignore[call-arg]
         many=True, required=False, max_length=MAX_GPUS, help_text="The MIG-capable cards: mode and slices."
+    )
+    launches = LaunchStatusSerializer(  # type: ignore[call-arg]
+        many=True,
+        required=False,
+        max_length=protocol.MAX_LAUNCH_STATUSES,
+        help_text="The environments the agent runs or ran lately (issue 22), each with its state and output's tail.",
     )
 
     def validate_acls(self, value: dict) -> dict:
@@ -112,6 +135,8 @@ class EventSerializer(serializers.Serializer):
     leases = serializers.IntegerField(required=False, min_value=0, max_value=10**6)
     boundary = AwareDateTimeField(required=False)
     drained = serializers.BooleanField(required=False)
+    launch = serializers.IntegerField(required=False, min_value=1, max_value=10**6, help_text="launch_* events.")
+    exit_code = serializers.IntegerField(required=False, min_value=-255, max_value=255)
     power_limit_w = serializers.FloatField(
         required=False, min_value=0, max_value=MAX_POWER_W, help_text="The limit a power event set or tried (W)."
     )

@@ -328,6 +328,10 @@ class NodeEvent(models.Model):
         POWER_CAPPED = "power_capped", "Power limit lowered (no booking)"
         POWER_RESTORED = "power_restored", "Power limit given back"
         POWER_FAILED = "power_failed", "Power limit not changed"
+        LAUNCH_STARTED = "launch_started", "Environment started"
+        LAUNCH_EXITED = "launch_exited", "Environment exited"
+        LAUNCH_STOPPED = "launch_stopped", "Environment stopped"
+        LAUNCH_REFUSED = "launch_refused", "Environment refused"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
     gpu = models.ForeignKey(Gpu, on_delete=models.SET_NULL, null=True, blank=True, related_name="events")

@@ -13,7 +13,9 @@ from __future__ import annotations
 from kernel.signals import PhasedSignal
 
 # A heartbeat was stored. node, now; ``cards_changed``: the node came back from silence or its
-# drained GPUs changed, so its status cards differ (telemetry refreshes them otherwise).
+# drained GPUs changed, so its status cards differ (telemetry refreshes them otherwise); ``launches``: the
+# environments the agent runs or ran, as it reports them (protocol.LaunchStatus, validated; environments records
+# them).
 node_reported = PhasedSignal("node_reported")
 
 # Telemetry was stored: ``reports``, oldest first (nodes.ingest.TelemetryReport: node, readings (one

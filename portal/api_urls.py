@@ -4,6 +4,7 @@ from rest_framework.routers import DefaultRouter
 from accounting.api import DemandView, LengthAdviceView, UsageReportView
 from accounting.suggest_api import SuggestView
 from accounts.api import ApiTokenViewSet
+from environments.api import EnvironmentViewSet, LaunchViewSet
 from live.api import FleetStatusView
 from nodes.api import NodeViewSet
 from nodes.ingest_api import EventsView, HeartbeatView, TelemetryView
@@ -21,6 +22,8 @@ router.register("reservations", ReservationViewSet, basename="reservation")
 router.register("series", SeriesViewSet, basename="series")
 router.register("tokens", ApiTokenViewSet, basename="token")
 router.register("waitlist", WaitlistViewSet, basename="waitlist")
+router.register("environments", EnvironmentViewSet, basename="environment")
+router.register("launches", LaunchViewSet, basename="launch")
 
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),

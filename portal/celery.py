@@ -67,6 +67,13 @@ app.conf.beat_schedule = {
         "schedule": 300.0,
         "options": {"expires": 290},
     },
+    # Launches whose booking ended and whose node never said how they ended are closed (environments/services.py;
+    # idempotent: the node ends them at the slot's end anyway).
+    "close-overdue-launches": {
+        "task": "environments.close_overdue_launches",
+        "schedule": 300.0,
+        "options": {"expires": 290},
+    },
     # Agent events past NODE_EVENTS_KEEP_DAYS go (idempotent: deletes by age, in batches).
     "prune-node-events": {"task": "nodes.prune_events", "schedule": 3600.0, "options": {"expires": 3000}},
 }

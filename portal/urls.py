@@ -31,6 +31,7 @@ urlpatterns = [
     path("", include("feeds.urls")),
     path("", include("fairshare.urls")),
     path("", include("waitlist.urls")),
+    path("", include("environments.urls")),
     path("", include("metrics.urls")),
 ]
 

@@ -24,6 +24,7 @@ from django.views.decorators.http import require_safe
 from accounts.services import who_sets_unix_usernames
 from audit.models import AuditEntry
 from audit.selectors import audit_trail
+from kernel.page_parts import assets
 from reservations import selectors
 from reservations.calendar_format import gpu_label
 from reservations.detail_parts import booking_page_parts
@@ -42,6 +43,7 @@ def reservation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     )
     now = timezone.now()
     [row] = reservation_rows([reservation], now=now, viewer=viewer)
+    parts = booking_page_parts.shown(reservation=reservation, viewer=viewer, now=now)
     extensions = list(reservation.extensions.order_by("pk"))
     context = {
         "nav": "mine" if reservation.user_id == viewer.pk else None,
@@ -52,7 +54,8 @@ def reservation_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "gpus": [{"gpu": gpu, "label": gpu_label(gpu.index, gpu.model, gpu.memory_mib)} for gpu in row.gpus],
         "extensions": extensions,
         "history": history(reservation, extensions=extensions),
-        "parts": booking_page_parts.shown(reservation=reservation, viewer=viewer, now=now),
+        "parts": parts,
+        "part_assets": assets(parts),
         "here": request.path,
         # An approved extension is merged into its booking and its own page goes: come back there.
         "after_approve": _page_of(reservation.extends_id) if reservation.extends_id else request.path,

@@ -10,11 +10,25 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from gpubook_agent import protocol
 from kernel.api_schema import ERRORS
 from nodes.agent_auth import AgentView
 from reservations.leases import node_snapshot
 
 log = logging.getLogger(__name__)
+
+
+class AgentLaunchSerializer(serializers.Serializer):
+    """An environment the lease asks the node to run while it lasts (issue 22; docs/agent.md)."""
+
+    number = serializers.IntegerField(help_text="1, 2, ... within the reservation: the launch is gpubook-<id>-<n>.")
+    kind = serializers.ChoiceField(choices=list(protocol.LAUNCH_KINDS))
+    image = serializers.CharField(help_text='A container\'s image; "" for a plain command.')
+    argv = serializers.ListField(
+        child=serializers.CharField(), help_text="The command, an argument list; {port} and {token} filled in there."
+    )
+    memory_max_bytes = serializers.IntegerField(allow_null=True)
+    max_processes = serializers.IntegerField(allow_null=True)
 
 
 class AgentLeaseSerializer(serializers.Serializer):
@@ -23,6 +37,7 @@ class AgentLeaseSerializer(serializers.Serializer):
     gpus = serializers.ListField(child=serializers.CharField(), help_text="GPU (or MIG) UUIDs.")
     start = serializers.DateTimeField()
     end = serializers.DateTimeField()
+    launches = AgentLaunchSerializer(many=True, required=False, help_text="Left out when the lease launches nothing.")
 
 
 class AgentSnapshotSerializer(serializers.Serializer):

@@ -6,11 +6,16 @@ reservations of active accounts with a confirmed unix username become leases: a 
 holds its slot but opens no GPU, and neither does a deactivated person's booking (even before
 reservations_end_for_inactive_user has ended it) nor one whose unix username an admin has not
 confirmed yet.
+
+A lease may also carry environments to run while it lasts (issue 22). Their rows belong to an app above this one
+(environments), which registers a reader here in its ``AppConfig.ready()``: ``read(reservation_ids=..., now=...)``
+returns, per reservation, its ``protocol.LaunchRequest`` list.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 from django.db import transaction
@@ -24,6 +29,9 @@ from reservations.models import Allocation, Reservation
 
 LEASE_HORIZON = timedelta(hours=24)
 log = logging.getLogger(__name__)
+
+LaunchReader = Callable[..., Mapping[int, list[protocol.LaunchRequest]]]
+lease_launch_readers: list[LaunchReader] = []
 
 
 def node_leases(*, node: Node, now: datetime) -> list[protocol.Lease]:
@@ -58,6 +66,10 @@ def node_leases(*, node: Node, now: datetime) -> list[protocol.Lease]:
             ),
         )
         lease["gpus"].append(allocation.gpu.uuid)
+    for read in lease_launch_readers:
+        for reservation_id, launches in read(reservation_ids=list(leases), now=now).items():
+            if launches and reservation_id in leases:
+                leases[reservation_id].setdefault("launches", []).extend(launches)
     return list(leases.values())
 
 

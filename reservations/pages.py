@@ -314,7 +314,7 @@ def reservation_action(request: AuthenticatedHttpRequest, pk: int, action: str) 
         messages.error(request, str(problem))
     except BookingError as error:
         messages.error(request, str(error))
-    return _back(request)
+    return back_to_next(request)
 
 
 def _valid(form: _F) -> _F:
@@ -323,7 +323,7 @@ def _valid(form: _F) -> _F:
     return form
 
 
-def _back(request: HttpRequest) -> HttpResponseRedirect:
+def back_to_next(request: HttpRequest) -> HttpResponseRedirect:
     """To the local page named in ``next`` (the page the form was on), else to my reservations."""
     target = request.POST.get("next", "")
     if target and url_has_allowed_host_and_scheme(

@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from kernel.admin import ReadOnlyAdmin
 from reservations.models import Reservation, Series
 
 
@@ -33,17 +34,8 @@ class OccurrenceInline(admin.TabularInline):
 
 
 @admin.register(Series)
-class SeriesAdmin(admin.ModelAdmin):
+class SeriesAdmin(ReadOnlyAdmin):
     list_display = ("id", "user", "node", "rule", "zone", "start_time", "duration", "mode", "ends_before", "created_at")
     list_filter = ("mode", "node")
     search_fields = ("user__username", "rule", "purpose")
     inlines = [OccurrenceInline]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

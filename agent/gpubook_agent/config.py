@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from gpubook_agent.gpus import mig, simulated
-from gpubook_agent.protocol import queue_name
+from gpubook_agent.protocol import LAUNCH_KINDS, queue_name
 
 DEFAULT_CONFIG_FILE = "/etc/gpubook/agent.conf"
 ENV_PREFIX = "GPUBOOK_"
@@ -71,6 +72,15 @@ class AgentConfig:
     # Whether the agent may lower idle cards' power limits when the portal asks (the idle power cap, power.py):
     # the node's root has the last word on its hardware. False: the portal's cap is refused, and reported.
     allow_power_cap: bool = True
+    # Which environments a booking may launch here (issue 22; launches.py): containers (rootless podman), plain
+    # commands, both (the default) or none (LAUNCH_KINDS=none). Both run as the booking's user, never as root.
+    launch_kinds: frozenset[str] = frozenset(LAUNCH_KINDS)
+    # Options podman gets before ``run`` on this node, e.g. "--runtime runc --cgroup-manager cgroupfs" where
+    # cgroups v1 make crun refuse (an argument list split as a shell would, never run by a shell).
+    podman_options: tuple[str, ...] = ()
+    # Device files every container gets besides its booking's own (the driver's control files, which are open to
+    # all anyway); those missing on the node are left out. Empty: the defaults under DEVICE_DIR.
+    container_devices: tuple[str, ...] = ()
 
     @property
     def queue(self) -> str:
@@ -102,6 +112,7 @@ _KNOWN = (
     | set(_STRINGS)
     | {"SIMULATED_GPUS", "END_VIOLATIONS", "PROTECTED_USERS", "ALLOW_INSECURE_PORTAL", "ALLOW_POWER_CAP"}
     | {"SIMULATED_MODEL", "SIMULATED_MEMORY_MIB", "SIMULATED_POWER_W", "SIMULATED_MIG"}
+    | {"LAUNCH_KINDS", "PODMAN_OPTIONS", "CONTAINER_DEVICES"}
 )
 
 
@@ -189,6 +200,7 @@ def config_from_values(values: Mapping[str, str]) -> AgentConfig:
         kwargs["end_violations"] = _boolean("END_VIOLATIONS", values["END_VIOLATIONS"])
     if values.get("ALLOW_POWER_CAP"):
         kwargs["allow_power_cap"] = _boolean("ALLOW_POWER_CAP", values["ALLOW_POWER_CAP"])
+    kwargs.update(_launch_settings(values))
     if values.get("PROTECTED_USERS"):
         names = {item.strip() for item in values["PROTECTED_USERS"].split(",") if item.strip()}
         kwargs["protected_users"] = frozenset(names)
@@ -262,6 +274,36 @@ def _simulated_mig(values: Mapping[str, str], kwargs: Mapping[str, object]) -> d
             f"SIMULATED_MIG: card {beyond[0]} does not exist: SIMULATED_GPUS is {cards} (cards 0-{cards - 1})"
         )
     return {"simulated_mig": raw}
+
+
+def _launch_settings(values: Mapping[str, str]) -> dict[str, object]:
+    """LAUNCH_KINDS, PODMAN_OPTIONS and CONTAINER_DEVICES, those given, checked."""
+    settings: dict[str, object] = {}
+    if "LAUNCH_KINDS" in values:
+        kinds = {item.strip() for item in values["LAUNCH_KINDS"].split(",") if item.strip()} - {"none"}
+        if "both" in kinds:
+            kinds = (kinds - {"both"}) | set(LAUNCH_KINDS)
+        unknown = sorted(kinds - set(LAUNCH_KINDS))
+        if unknown:
+            raise ConfigError(f"LAUNCH_KINDS: {', '.join(unknown)}? Give container, command, both or none")
+        settings["launch_kinds"] = frozenset(kinds)
+    if values.get("PODMAN_OPTIONS"):
+        try:
+            options = tuple(shlex.split(values["PODMAN_OPTIONS"]))
+        except ValueError as error:
+            raise ConfigError(f"PODMAN_OPTIONS: {error}") from None
+        if not options[0].startswith("-") or "run" in options:
+            raise ConfigError(
+                f"PODMAN_OPTIONS are podman's global options (like --runtime runc), not {values['PODMAN_OPTIONS']!r}"
+            )
+        settings["podman_options"] = options
+    if values.get("CONTAINER_DEVICES"):
+        paths = tuple(item.strip() for item in values["CONTAINER_DEVICES"].split(",") if item.strip())
+        bad = [path for path in paths if not path.startswith("/") or ":" in path]
+        if bad:
+            raise ConfigError(f"CONTAINER_DEVICES are absolute paths of device files, not {bad[0]!r}")
+        settings["container_devices"] = paths
+    return settings
 
 
 def _positive_float(key: str, raw: str) -> float:

@@ -119,6 +119,7 @@ class Enforcer:
         # Changes to different files run side by side; each touches only its own files' state.
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="agent-acl")
         self.power = PowerCap(backend=backend, cards=self.paths, report=report, allowed=config.allow_power_cap)
+        self.after_pass: Callable[[], None] = lambda: None  # main.py: the launches look at once (launches.py)
         self.refresh_layout()
 
     def refresh_layout(self) -> None:
@@ -317,6 +318,43 @@ class Enforcer:
                     self._unknown_gpus_seen.add(uuid)
                     self.report("unknown_gpu", gpu=uuid, user=lease.user, reservation=lease.reservation)
         return wanted
+
+    def active_leases(self, now: datetime) -> list[tuple[Lease, tuple[str, ...] | None]]:
+        """The leases active at ``now`` whose account this node takes, each with the device files its user holds
+        for it (every file of every unit it names, as the enforcer last set them), or None while some of those
+        are not open to the user yet. For the launches (launches.py): they start once their GPUs are open."""
+        snapshot = self._snapshot
+        access = self.access
+        found: list[tuple[Lease, tuple[str, ...] | None]] = []
+        for lease in snapshot.leases if snapshot else ():
+            if not lease.active_at(now) or self.accounts.refusal(lease.user, max_age=math.inf) is not None:
+                continue
+            units = [unit for uuid in lease.gpus for unit in access.lease_units(uuid)]
+            files = tuple(dict.fromkeys(path for unit in units for path in access.grant_files.get(unit, ())))
+            held = units and all(lease.user in self._held.get(unit, ()) for unit in units)
+            found.append((lease, files if held and files else None))
+        return found
+
+    def refused_leases(self, now: datetime) -> list[tuple[Lease, str]]:
+        """The leases active at ``now`` whose account this node refuses, each with the reason (cached answers)."""
+        snapshot = self._snapshot
+        refused = []
+        for lease in snapshot.leases if snapshot else ():
+            if lease.active_at(now) and (reason := self.accounts.refusal(lease.user, max_age=math.inf)) is not None:
+                refused.append((lease, reason))
+        return refused
+
+    def upcoming_leases(self, now: datetime, within: timedelta) -> list[Lease]:
+        """The stored snapshot's leases starting after ``now`` and within ``within`` of it."""
+        snapshot = self._snapshot
+        return [lease for lease in snapshot.leases if now < lease.start <= now + within] if snapshot else []
+
+    def lease_of(self, reservation: int) -> Lease | None:
+        """The stored snapshot's lease of ``reservation``, if it has one."""
+        snapshot = self._snapshot
+        return (
+            next((lease for lease in snapshot.leases if lease.reservation == reservation), None) if snapshot else None
+        )
 
     def _check_slice(self, access: AccessMap, lease: Lease, uuid: str) -> None:
         """Report (once) what keeps a slice lease from opening its slice in full."""
@@ -796,6 +834,7 @@ class Enforcer:
                 else:
                     self.converge(now)
                 self.run_due_cleanups(now)
+                self.after_pass()
                 wait = self.seconds_to_next_pass(now, next_full - time.monotonic())
             except Exception:  # keep enforcing whatever one pass tripped over
                 log.exception("enforcement pass failed")

@@ -5,20 +5,23 @@ the command runs as the user (never root: root, and every account a lease would 
 nobody, PROTECTED_USERS; the name must follow the portal's username syntax), in a session and process group of its
 own, with the resource limits the kernel offers per process (address space, processes, open files; set by
 util-linux's ``prlimit`` before the command starts, so nothing runs unlimited even for a moment), a clean
-environment (a fixed PATH, HOME, USER, LOGNAME, LANG and what the caller adds, such as CUDA_VISIBLE_DEVICES), and
-its output in a log only root can open. ``stop`` ends it and everything it started (its session, and while the
-command itself runs every descendant, even one that left the session with ``setsid``; after it has exited, what is
-left of its session): SIGTERM, the grace, then SIGKILL, through pidfds (cleanup.terminate), so a recycled pid is
-never hit. A process that left both the session and the family (``setsid`` in a child whose parent exited) escapes:
-cgroups (the systemd unit) are the answer to that. Argument lists only, never a shell.
+environment (a fixed PATH, HOME, USER, LOGNAME, LANG, the launch's MARKER and what the caller adds), and its output,
+through a pipe to the agent, in a log only root can open, which the agent keeps under LOG_MAX_BYTES. ``stop`` ends
+it and everything it started (its session, and while the command itself runs every descendant, even one that left
+the session with ``setsid``; after it has exited, what is left of its session): SIGTERM, the grace, then SIGKILL,
+through pidfds (cleanup.terminate), so a recycled pid is never hit. A process that left both the session and the
+family (``setsid`` in a child whose parent exited) escapes: cgroups (the systemd unit) are the answer to that; the
+enforcer's revocation and its end of whatever still holds a GPU stay the authority. Argument lists only, never a
+shell.
 
-Not here yet (issue 22's later steps): the portal's environments and launch requests in the signed snapshot,
-podman, systemd units, and ending a launch at its lease's end (the enforcer's revocation will call ``stop``).
+launches.py decides what runs when (a lease's launches, from its signed snapshot); this module only runs and ends
+them. Not here yet: transient systemd units on nodes where systemd is PID 1 (the supervisor serves everywhere).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pwd
 import re
@@ -27,16 +30,25 @@ import subprocess
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import IO
 
 from gpubook_agent import cleanup, procfs
 from gpubook_agent.accounts import AccountCheck
 from gpubook_agent.protocol import MAX_ARG_CHARS, argv_problem
 from gpubook_agent.usernames import valid_username
 
+log = logging.getLogger(__name__)
+
 NAME_RE = re.compile(r"\Agpubook-[a-z0-9-]{1,56}\Z")
 ENV_NAME_RE = re.compile(r"\A[A-Z_][A-Z0-9_]{0,63}\Z")
 PATH = "/usr/local/bin:/usr/bin:/bin"
 TAIL_BYTES = 4000
+# A launch's output goes through a pipe to the agent, which keeps its log under this size (the last half of it when
+# it grows past): a chatty or hostile command cannot fill the node's disk, and its own files have no limit.
+LOG_MAX_BYTES = 4 * 1024 * 1024
+# Every launch's processes carry this variable (its name): an agent that restarted finds what an earlier run of it
+# started (launches.py ends those before it starts anything).
+MARKER = "GPUBOOK_LAUNCH"
 
 
 class LaunchRefused(Exception):
@@ -82,14 +94,14 @@ class Supervisor:
     def start(self, spec: LaunchSpec) -> Launch:
         """Start ``spec``'s command as its user; LaunchRefused, with nothing started, when it may not run."""
         _check(spec)
-        account = self._account(spec.user)
+        account = self.account(spec.user)
         with self._lock:
             running = self._launches.get(spec.name)
             if running is not None and running.process.poll() is None:
                 raise LaunchRefused(f"{spec.name} runs already (pid {running.pid})")
             log_path = os.path.join(self.log_dir, f"{spec.name}.log")
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-            log_fd = os.open(log_path, flags, 0o600)  # root's: the user's command writes through the descriptor
+            flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            log_fd = os.open(log_path, flags, 0o600)  # root's alone; the agent writes what the command prints
             try:
                 process = subprocess.Popen(  # noqa: S603 - an argument list, checked above; never a shell
                     [*_limits(spec), *spec.argv],
@@ -98,18 +110,21 @@ class Supervisor:
                     extra_groups=os.getgrouplist(account.pw_name, account.pw_gid),
                     start_new_session=True,
                     cwd=account.pw_dir if os.path.isdir(account.pw_dir) else "/",
-                    env=_environment(account, spec.env),
+                    env={**_environment(account, spec.env), MARKER: spec.name},
                     stdin=subprocess.DEVNULL,
-                    stdout=log_fd,
+                    stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     close_fds=True,
                 )
             except OSError as error:
+                os.close(log_fd)
                 os.unlink(log_path)
                 raise LaunchRefused(f"{spec.argv[0]} could not be started: {error.strerror}") from None
-            finally:
-                os.close(log_fd)
             launch = Launch(spec=spec, process=process, log_path=log_path)
+            assert process.stdout is not None
+            threading.Thread(
+                target=_pump, args=(process.stdout, log_fd), name=f"agent-log-{spec.name}", daemon=True
+            ).start()
             self._launches[spec.name] = launch
             return launch
 
@@ -140,6 +155,16 @@ class Supervisor:
             launch.exit_code = launch.process.wait(timeout=1)
         return launch
 
+    def forget(self, name: str) -> None:
+        """Drop an ended launch and its log (launches.py, an hour after it ended)."""
+        with self._lock:
+            launch = self._launches.get(name)
+            if launch is None or launch.process.poll() is None:
+                return
+            del self._launches[name]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(launch.log_path)
+
     def tail(self, name: str, limit: int = TAIL_BYTES) -> str:
         """The end of the launch's output, as text (undecodable bytes replaced)."""
         with self._lock:
@@ -151,9 +176,11 @@ class Supervisor:
             log.seek(max(0, size - limit))
             return log.read().decode("utf-8", "replace")
 
-    def _account(self, user: str) -> pwd.struct_passwd:
+    def account(self, user: str) -> pwd.struct_passwd:
         """The account a launch runs as: one this node would give a GPU to (accounts.AccountCheck, the rule its
-        leases follow), asked afresh; and never root, whatever UID_MIN says."""
+        leases follow), asked afresh; and never root, whatever UID_MIN says. LaunchRefused otherwise."""
+        if not valid_username(user):
+            raise LaunchRefused(f"bad username {user!r}")
         refusal = self.accounts.refusal(user, max_age=0)
         if refusal is None:
             account = pwd.getpwnam(user)
@@ -203,6 +230,26 @@ def _environment(account: pwd.struct_passwd, extra: Mapping[str, str]) -> dict[s
         "LANG": "C.UTF-8",
         **extra,
     }
+
+
+def _pump(output: IO[bytes], log_fd: int) -> None:
+    """Copy a launch's output into its log until the command and all it started have closed it; past LOG_MAX_BYTES,
+    keep the last half. Runs on a thread of its own per launch."""
+    size, limit = 0, LOG_MAX_BYTES
+    try:
+        while chunk := os.read(output.fileno(), 65536):
+            if size + len(chunk) > limit:
+                os.lseek(log_fd, max(0, size - limit // 2), os.SEEK_SET)
+                kept = os.read(log_fd, limit)
+                os.ftruncate(log_fd, 0)
+                os.lseek(log_fd, 0, os.SEEK_SET)
+                size = os.write(log_fd, kept)
+            size += os.write(log_fd, chunk)
+    except OSError as error:
+        log.warning("a launch's log stopped: %s", error)
+    finally:
+        output.close()
+        os.close(log_fd)
 
 
 # -- a launch's processes ---------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from gpubook_agent import AGENT_VERSION, procfs, protocol, selfcheck
 from gpubook_agent.config import ConfigError, load_config
 from gpubook_agent.enforcer import Enforcer
 from gpubook_agent.gpus import BackendUnavailable, GpuBackend, open_configured_backend
+from gpubook_agent.launcher import Supervisor
+from gpubook_agent.launches import Launches
 from gpubook_agent.reporter import Reporter
 from gpubook_agent.store import SnapshotStore, UnsafeStateDir
 from gpubook_agent.worker import make_app
@@ -62,7 +64,15 @@ def main(argv: list[str] | None = None) -> int:
 
     reporter = Reporter(config)
     enforcer = Enforcer(config=config, backend=backend, store=store, report=reporter.event)
-    reporter.heartbeat = lambda: heartbeat_body(config.backend, backend, enforcer)
+    launches = Launches(
+        config=config,
+        leases=enforcer,
+        report=reporter.event,
+        supervisor=Supervisor(log_dir=store.launch_log_dir(), accounts=enforcer.accounts),
+        changed=reporter.heartbeat_soon,
+    )
+    enforcer.after_pass = launches.wake
+    reporter.heartbeat = lambda: heartbeat_body(config.backend, backend, enforcer, launches)
     reporter.telemetry = lambda: telemetry_body(backend, enforcer)
     # The pull: when heartbeat replies show the portal ahead of what this node has seen.
     reporter.seen_version = lambda: enforcer.seen_version
@@ -70,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     enforcer.startup()
     enforcer.start()
+    launches.start(enforcer.clock)
     reporter.start()
     log.info(
         "agent %s for node %s: %d GPU(s), %d MIG slice(s), queue %s",
@@ -97,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         worker.start()
     finally:
+        launches.stop_all("the node's agent stopped")  # with the GPUs about to close, nothing of a slot runs on
         enforcer.stop()
         try:
             enforcer.revoke_all()  # fail closed: nothing enforces slot ends while the agent is stopped
@@ -107,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     return worker.exitcode or 0
 
 
-def heartbeat_body(kind: str, backend: GpuBackend, enforcer: Enforcer) -> protocol.Heartbeat:
+def heartbeat_body(kind: str, backend: GpuBackend, enforcer: Enforcer, launches: Launches) -> protocol.Heartbeat:
     return protocol.heartbeat(
         backend=kind,
         driver_version=backend.driver_version,
@@ -115,6 +127,7 @@ def heartbeat_body(kind: str, backend: GpuBackend, enforcer: Enforcer) -> protoc
         acls=enforcer.acls_in_force(),
         drained=enforcer.drained,
         mig=enforcer.mig_layout(),
+        launches=launches.statuses(),
     )
 
 

@@ -53,13 +53,17 @@ def fd_holders(paths: Iterable[str], *, proc: str = PROC) -> dict[str, set[int]]
     return found
 
 
+def pids(*, proc: str = PROC) -> list[int]:
+    """Every process's pid now (none if /proc cannot be read)."""
+    try:
+        return [int(entry.name) for entry in os.scandir(proc) if entry.name.isdigit()]
+    except OSError:
+        return []
+
+
 def process_tree(*, proc: str = PROC) -> Iterator[tuple[int, int, int]]:
     """(pid, parent pid, session id) of every process, from ``/proc/<pid>/stat``."""
-    try:
-        names = [entry.name for entry in os.scandir(proc) if entry.name.isdigit()]
-    except OSError:
-        return
-    for name in names:
+    for name in pids(proc=proc):
         try:
             with open(f"{proc}/{name}/stat", "rb") as file:
                 text = file.read().decode("ascii", "replace")
@@ -67,7 +71,23 @@ def process_tree(*, proc: str = PROC) -> Iterator[tuple[int, int, int]]:
             continue
         fields = text[text.rfind(")") + 2 :].split()  # after "pid (comm) ": the name may hold spaces and parens
         if len(fields) >= 4:
-            yield int(name), int(fields[1]), int(fields[3])
+            yield name, int(fields[1]), int(fields[3])
+
+
+def marked_processes(key: str, *, proc: str = PROC) -> Iterator[tuple[int, str]]:
+    """(pid, value) of every process whose environment, as it started, sets ``key`` (``/proc/<pid>/environ``, which
+    root reads for every process). A process may have changed its environment since: this finds what did not."""
+    prefix = key.encode() + b"="
+    for name in pids(proc=proc):
+        try:
+            with open(f"{proc}/{name}/environ", "rb") as file:
+                variables = file.read().split(b"\0")
+        except OSError:
+            continue
+        for variable in variables:
+            if variable.startswith(prefix):
+                yield name, variable[len(prefix) :].decode("ascii", "replace")
+                break
 
 
 def process_status(pid: int, *, proc: str = PROC) -> dict[str, str] | None:

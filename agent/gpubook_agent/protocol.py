@@ -11,6 +11,7 @@ the portal imports it from this distribution, and the agent imports nothing of t
 from __future__ import annotations
 
 import json
+import re
 import socket
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -66,6 +67,10 @@ EVENT_KINDS = (
     "power_capped",
     "power_restored",
     "power_failed",
+    "launch_started",
+    "launch_exited",
+    "launch_stopped",
+    "launch_refused",
 )
 # The idle power cap (the portal's Node.idle_power_limit_pct, the agent's power.py): a card no lease holds is
 # limited to this share of its default power limit, a whole percent in this range (clamped to what the card
@@ -86,6 +91,32 @@ def argv_problem(argv: object) -> str | None:
     return None
 
 
+# What a lease may launch (issue 22): an environment the admins listed, a container (rootless podman) or a
+# plain command, at most MAX_LAUNCHES per lease; on the node each is named launch_name(reservation, number). In
+# its command, PORT_PLACEHOLDER and TOKEN_PLACEHOLDER stand for a free port on the node's loopback and a fresh
+# secret token, which the agent picks and reports back (a notebook listens there and asks for the token).
+LAUNCH_KINDS = ("container", "command")
+MAX_LAUNCHES = 4
+PORT_PLACEHOLDER, TOKEN_PLACEHOLDER = "{port}", "{token}"
+# What a launch is doing, as the agent reports it in each heartbeat ("waiting": its slot is yet to come, and the
+# message says whether its image is on the node, pulled ahead of the start).
+LAUNCH_STATES = ("waiting", "starting", "running", "exited", "stopped", "refused")
+LAUNCH_TAIL_CHARS = 2000
+MAX_LAUNCH_STATUSES = 256  # launches in one heartbeat
+# An OCI image reference: [registry[:port]/]path[:tag][@sha256:digest], lower case path components. It never
+# starts with "-", so it cannot pass for an option on podman's command line.
+IMAGE_RE = re.compile(
+    r"\A(?:[a-z0-9]+(?:[.-][a-z0-9]+)*(?::[0-9]{1,5})?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?\Z"
+)
+
+
+def launch_name(reservation: int, number: int) -> str:
+    """A launch's name on the node: its log's, its container's, its systemd unit's."""
+    return f"gpubook-{reservation}-{number}"
+
+
 # -- the bodies ----------------------------------------------------------------------------------------
 
 
@@ -104,6 +135,19 @@ class Lease(TypedDict):
     gpus: list[str]  # GPU (or MIG) UUIDs
     start: str
     end: str
+    launches: NotRequired[list[LaunchRequest]]  # left out when none (and by portals before issue 22)
+
+
+class LaunchRequest(TypedDict):
+    """An environment to run for the lease's user while the lease is active (issue 22): started once the lease's
+    GPUs are open to them, ended at its end (after the grace) or when the portal stops listing it."""
+
+    number: int  # 1, 2, ... within the reservation
+    kind: str  # one of LAUNCH_KINDS
+    image: str  # a container's image (IMAGE_RE); "" for a command
+    argv: list[str]  # the command (argv_problem), run in the image for a container
+    memory_max_bytes: int | None
+    max_processes: int | None
 
 
 class Snapshot(TypedDict):
@@ -162,6 +206,21 @@ class Heartbeat(TypedDict):
     # Only the cards that support MIG, every heartbeat (the portal keeps slice rows up to date from it); left
     # out by agents older than MIG support, and a node without such cards sends an empty list.
     mig: NotRequired[list[MigCard]]
+    launches: NotRequired[list[LaunchStatus]]  # left out by agents before issue 22
+
+
+class LaunchStatus(TypedDict):
+    """One launch the agent knows, in every heartbeat while it runs and for a while after (level-triggered, like
+    ``acls``): the portal shows it on the booking."""
+
+    reservation: int
+    number: int
+    state: str  # one of LAUNCH_STATES
+    exit_code: int | None  # once it ended: its command's, negative for the signal that ended it
+    message: str  # why it was refused, or how it ended, in words
+    port: int | None  # the loopback port it was given ({port}), if its command asked for one
+    token: str  # the token it was given ({token}), if its command asked for one; else ""
+    tail: str  # the end of its output, at most LAUNCH_TAIL_CHARS
 
 
 class HeartbeatReply(TypedDict):
@@ -222,6 +281,8 @@ class Event(TypedDict, total=False):
     boundary: str  # the lease start or end behind a grant or a revocation
     drained: bool
     power_limit_w: float  # the limit a power_capped or power_restored event set (W)
+    launch: int  # a launch_* event's launch number within ``reservation``
+    exit_code: int  # how a launch's command ended
 
 
 class Events(TypedDict):
@@ -236,14 +297,66 @@ def timestamp(moment: datetime | None = None) -> str:
     return (moment or datetime.now(UTC)).isoformat()
 
 
-def lease(*, reservation: int, user: str, gpus: Iterable[str], start: datetime, end: datetime) -> Lease:
-    return {
+def lease(
+    *,
+    reservation: int,
+    user: str,
+    gpus: Iterable[str],
+    start: datetime,
+    end: datetime,
+    launches: Iterable[LaunchRequest] = (),
+) -> Lease:
+    body: Lease = {
         "reservation": reservation,
         "user": user,
         "gpus": list(gpus),
         "start": start.isoformat(),
         "end": end.isoformat(),
     }
+    if launches:
+        body["launches"] = list(launches)
+    return body
+
+
+def launch_request(
+    *,
+    number: int,
+    kind: str,
+    image: str,
+    argv: Iterable[str],
+    memory_max_bytes: int | None = None,
+    max_processes: int | None = None,
+) -> LaunchRequest:
+    return {
+        "number": number,
+        "kind": kind,
+        "image": image,
+        "argv": list(argv),
+        "memory_max_bytes": memory_max_bytes,
+        "max_processes": max_processes,
+    }
+
+
+def launch_problem(request: object) -> str | None:
+    """Why ``request`` is not a launch the agent runs, in words; None when it is one. The portal builds only good
+    ones; the agent checks again, and refuses that launch alone (not its lease, nor the snapshot)."""
+    if not isinstance(request, dict):
+        return "a launch is an object"
+    number = request.get("number")
+    if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= 10**6:
+        return f"bad launch number {number!r}"
+    kind, image = request.get("kind"), request.get("image")
+    if kind not in LAUNCH_KINDS:
+        return f"unknown kind {kind!r}"
+    if kind == "container" and not (isinstance(image, str) and IMAGE_RE.match(image)):
+        return f"bad image {image!r}"
+    if kind == "command" and image != "":
+        return "a command runs no image"
+    for limit in ("memory_max_bytes", "max_processes"):
+        value = request.get(limit)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            return f"{limit} must be a positive whole number"
+    return argv_problem(request.get("argv"))
 
 
 def snapshot(
@@ -280,11 +393,13 @@ def heartbeat(
     acls: Mapping[str, Iterable[str]],
     drained: Iterable[str] | None = None,
     mig: Iterable[MigCard] | None = None,
+    launches: Iterable[LaunchStatus] | None = None,
     sent_at: datetime | None = None,
 ) -> Heartbeat:
     """A heartbeat from this host, sent now unless ``sent_at`` says otherwise. ``drained`` is left out
     when not given (the self-check, which has no enforcer's memory to read it from); the portal takes
-    a heartbeat without it as draining nothing. ``mig`` (see ``mig_card``) is left out when not given."""
+    a heartbeat without it as draining nothing. ``mig`` (see ``mig_card``) and ``launches`` are left out when
+    not given."""
     body: Heartbeat = {
         "sent_at": timestamp(sent_at),
         "agent_version": AGENT_VERSION,
@@ -298,6 +413,8 @@ def heartbeat(
         body["drained"] = sorted(drained)
     if mig is not None:
         body["mig"] = list(mig)
+    if launches is not None:
+        body["launches"] = list(launches)
     return body
 
 

@@ -136,6 +136,7 @@ class Reporter:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._heartbeat_now = threading.Event()
         self._thread: threading.Thread | None = None
         # main.py sets these to build the bodies (protocol.heartbeat, a list of protocol.GpuReading).
         self.heartbeat: Callable[[], Mapping[str, object]] = dict
@@ -156,6 +157,11 @@ class Reporter:
         log.info("event %s", record)
         with self._lock:
             self._events.append(record)
+        self._wake.set()
+
+    def heartbeat_soon(self) -> None:
+        """Send a heartbeat now rather than at its time (any thread): a launch changed, and people watch it."""
+        self._heartbeat_now.set()
         self._wake.set()
 
     def start(self) -> None:
@@ -179,7 +185,8 @@ class Reporter:
             if now >= next_telemetry:
                 next_telemetry = now + self.config.telemetry_seconds
                 self._send(protocol.TELEMETRY, lambda: protocol.telemetry(self.telemetry()))
-            if now >= next_heartbeat:
+            if now >= next_heartbeat or self._heartbeat_now.is_set():
+                self._heartbeat_now.clear()
                 next_heartbeat = now + self.config.heartbeat_seconds
                 # A body the callable built with protocol.heartbeat has its own sent_at, of the same moment.
                 self._send(

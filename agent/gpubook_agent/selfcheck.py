@@ -139,7 +139,7 @@ def run_checks(config_path: str | None, environ: dict[str, str] | None = None) -
         checks.append(portal_check)
         checks.append(check_clock(answer))
         checks.append(check_broker(config.broker_url))
-        checks.append(check_launch())
+        checks.append(check_launch(config.launch_kinds))
     finally:
         if backend is not None:
             backend.close()
@@ -628,25 +628,36 @@ def check_clock(answer: PortalAnswer | None) -> Check:
     return Check("clock", OK, message)
 
 
-def check_launch(which: Callable[[str], str | None] = shutil.which, pid1: str = "/proc/1/comm") -> Check:
-    """What a booking's environment could run under on this node (launcher.py; issue 22): a transient systemd
-    unit where systemd is PID 1, the agent's own supervisor elsewhere, and rootless podman for containers.
-    Informational while launches are not enabled: nothing here fails the node."""
+def check_launch(
+    kinds: frozenset[str] = frozenset(protocol.LAUNCH_KINDS),
+    which: Callable[[str], str | None] = shutil.which,
+    pid1: str = "/proc/1/comm",
+) -> Check:
+    """What a booking's environment runs under on this node (launches.py, launcher.py; issue 22): the agent's own
+    supervisor, and rootless podman for containers. A kind LAUNCH_KINDS allows that this node cannot run is a
+    warning: such launches are refused, and said so to the person who asked."""
     try:
         with open(pid1) as comm:
             systemd = comm.read().strip() == "systemd"
     except OSError:
         systemd = False
-    tools = {name: which(name) for name in ("systemd-run", "prlimit", "podman")}
+    tools = {name: which(name) for name in ("prlimit", "podman", "newuidmap", "systemd-run")}
     details = tuple(f"{name}: {path or 'missing'}" for name, path in tools.items())
-    runner = (
-        "transient systemd units (systemd is PID 1)"
-        if systemd and tools["systemd-run"]
-        else "the agent's own supervisor (systemd is not PID 1 or systemd-run is missing)"
-    )
-    containers = "podman for containers" if tools["podman"] else "no podman: plain commands only"
-    limits = "" if tools["prlimit"] else "; no prlimit (util-linux): launches with limits are refused"
-    return Check("launch", OK, f"environments would run under {runner}; {containers}{limits}", details=details)
+    if not kinds:
+        return Check("launch", OK, "environments are off here (LAUNCH_KINDS=none)", details=details)
+    allowed = " and ".join(f"{kind}s" for kind in sorted(kinds))
+    runner = "the agent's own supervisor" + (" (systemd is PID 1; transient units are not used yet)" if systemd else "")
+    problems = []
+    if "container" in kinds and not (tools["podman"] and tools["newuidmap"]):
+        missing = " and ".join(name for name in ("podman", "newuidmap") if not tools[name])
+        problems.append(f"no {missing}: container launches are refused")
+    if not tools["prlimit"]:
+        problems.append("no prlimit (util-linux): launches with limits are refused")
+    message = f"{allowed} run under {runner}" + ("; " + "; ".join(problems) if problems else "")
+    if problems:
+        fix = "apt install podman runc uidmap util-linux, or narrow LAUNCH_KINDS (e.g. LAUNCH_KINDS=command)"
+        return Check("launch", WARN, message, fix=fix, details=details)
+    return Check("launch", OK, message, details=details)
 
 
 def check_broker(broker_url: str) -> Check:

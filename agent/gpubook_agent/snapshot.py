@@ -20,7 +20,14 @@ from datetime import datetime, timedelta
 from itertools import accumulate
 from typing import Any
 
-from gpubook_agent.protocol import IDLE_POWER_LIMIT_PCT_MAX, IDLE_POWER_LIMIT_PCT_MIN
+from gpubook_agent.protocol import (
+    IDLE_POWER_LIMIT_PCT_MAX,
+    IDLE_POWER_LIMIT_PCT_MIN,
+    MAX_LAUNCHES,
+    PORT_PLACEHOLDER,
+    TOKEN_PLACEHOLDER,
+    launch_problem,
+)
 from gpubook_agent.signing import verify
 from gpubook_agent.usernames import valid_username
 
@@ -54,12 +61,35 @@ class SnapshotRefused(ValueError):
 
 
 @dataclass(frozen=True)
+class LaunchOrder:
+    """An environment the lease asks the node to run (protocol.LaunchRequest), checked: ``problem`` says why the
+    agent refuses it (that launch alone is refused and reported; the lease is enforced as ever)."""
+
+    number: int
+    kind: str = ""
+    image: str = ""
+    argv: tuple[str, ...] = ()
+    memory_max_bytes: int | None = None
+    max_processes: int | None = None
+    problem: str | None = None
+
+    @property
+    def serves_port(self) -> bool:
+        return any(PORT_PLACEHOLDER in arg for arg in self.argv)
+
+    @property
+    def asks_token(self) -> bool:
+        return any(TOKEN_PLACEHOLDER in arg for arg in self.argv)
+
+
+@dataclass(frozen=True)
 class Lease:
     reservation: int
     user: str
     gpus: tuple[str, ...]
     start: datetime
     end: datetime
+    launches: tuple[LaunchOrder, ...] = ()
 
     def active_at(self, moment: datetime) -> bool:
         return self.start <= moment < self.end
@@ -203,7 +233,36 @@ def _lease(item: Any, position: int) -> Lease:
     start, end = _aware(item.get("start"), f"{where} start"), _aware(item.get("end"), f"{where} end")
     if end <= start:
         raise SnapshotRefused(f"{where}: ends before it starts")
-    return Lease(reservation=reservation, user=user, gpus=tuple(gpus), start=start, end=end)
+    launches = item.get("launches", [])
+    if not isinstance(launches, list):
+        raise SnapshotRefused(f"{where}: launches must be a list")
+    return Lease(
+        reservation=reservation,
+        user=user,
+        gpus=tuple(gpus),
+        start=start,
+        end=end,
+        launches=tuple(_launch_order(request, position) for position, request in enumerate(launches)),
+    )
+
+
+def _launch_order(request: Any, position: int) -> LaunchOrder:
+    number = request.get("number") if isinstance(request, dict) else None
+    if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+        number = 0  # reported as the position's launch: there is no better name for it
+    problem = launch_problem(request)
+    if problem is None and position >= MAX_LAUNCHES:
+        problem = f"a lease runs at most {MAX_LAUNCHES} environments"
+    if problem is not None:
+        return LaunchOrder(number=number, problem=problem)
+    return LaunchOrder(
+        number=number,
+        kind=request["kind"],
+        image=request["image"],
+        argv=tuple(request["argv"]),
+        memory_max_bytes=request.get("memory_max_bytes"),
+        max_processes=request.get("max_processes"),
+    )
 
 
 def _idle_power_limit_pct(value: Any) -> int | None:

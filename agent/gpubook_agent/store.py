@@ -84,6 +84,14 @@ class SnapshotStore:
         not, another OSError if it cannot be used at all (not a directory, not reachable)."""
         os.close(self._open_directory(create=True))
 
+    def launch_log_dir(self) -> str:
+        """Where the launches' output goes (launches.py): ``launches/`` in STATE_DIR, root's alone (0700), made
+        now if missing. Each log is opened without following links, so nothing a user placed redirects it."""
+        path = self.directory / "launches"
+        path.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)
+        return str(path)
+
     # -- the snapshot --------------------------------------------------------------------------
 
     def load(self) -> dict[str, Any] | None:

@@ -5,6 +5,7 @@ on stand-in device files, real processes of real (throwaway) users. Only the GPU
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import time
@@ -13,6 +14,7 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 
+from gpubook_agent import protocol
 from gpubook_agent.gpus.mig import read_mig_minors
 from gpubook_agent.gpus.simulated import MEMORY_TOTAL_MIB, process_mib
 from tests.agent.harness import AgentRun, PrivateRedis, acl_users, lease, now, wait_for
@@ -73,6 +75,53 @@ def test_the_end_is_enforced_with_the_broker_and_the_portal_both_gone(make_agent
     assert wait_for(lambda: alice.name not in acl_users(agent.device(0)), timeout=10)
     assert timedelta(0) <= now() - end < timedelta(seconds=2)
     assert agent.process.poll() is None  # still running, still enforcing
+
+
+def test_a_launch_runs_as_the_user_with_its_slot_and_is_gone_at_its_end_with_the_broker_and_the_portal_gone(
+    make_agent, portal, unix_users
+):
+    broker = PrivateRedis()
+    alice = unix_users[0]
+    marker = f"86{alice.uid}"  # how long the launch's child sleeps: a number no other process here sleeps
+    try:
+        agent = make_agent(broker_url=broker.url, grace_seconds=2)
+        start, end = now() + timedelta(seconds=1), now() + timedelta(seconds=6)
+        # A launch that ignores SIGTERM and starts a child of its own: the grace, then SIGKILL for both.
+        script = f"trap '' TERM; sleep {marker} & echo started; while :; do sleep 0.2; done"
+        request = protocol.launch_request(number=1, kind="command", image="", argv=["/bin/sh", "-c", script])
+        launched = protocol.lease(
+            reservation=1, user=alice.name, gpus=[agent.uuid(0)], start=start, end=end, launches=[request]
+        )
+        agent.send(agent.snapshot([launched]))
+        assert wait_for(lambda: portal.events("launch_started"), timeout=10)
+        assert now() >= start  # not before its slot
+        assert wait_for(lambda: _launch_states(portal).get(1) == "running", timeout=10)
+        assert _processes_named(marker) and all(uid == alice.uid for uid in _processes_named(marker).values())
+    finally:
+        broker.stop()
+    portal.stop()
+
+    assert wait_for(lambda: not _processes_named(marker), timeout=20)
+    assert now() - end <= timedelta(seconds=2 + 5)  # within the grace and 5 s of the slot's end
+    assert agent.process.poll() is None
+
+
+def _launch_states(portal) -> dict[int, str]:
+    return {item["number"]: item["state"] for body in portal.received["heartbeat"] for item in body.get("launches", [])}
+
+
+def _processes_named(seconds: str) -> dict[int, int]:
+    """pid -> uid of the processes running ``sleep <seconds>`` (read from /proc)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    if cmdline.read().split(b"\0")[:2] == [b"sleep", seconds.encode()]:
+                        found[int(entry)] = os.stat(f"/proc/{entry}").st_uid
+            except OSError:
+                continue
+    return found
 
 
 def test_a_restarted_agent_restores_its_leases_and_removes_everything_else(make_agent, unix_users, portal):

@@ -406,3 +406,38 @@ def test_an_empty_protected_users_protects_nobody(tmp_path):
 
 def test_the_queue_is_named_after_the_node():
     assert config_from_values(REQUIRED).queue == "node.gpu-a100"
+
+
+def test_launch_settings_default_to_both_kinds_and_are_read_as_given():
+    default = config_from_values(REQUIRED)
+    assert default.launch_kinds == {"container", "command"}
+    assert (default.podman_options, default.container_devices) == ((), ())
+
+    given = config_from_values(
+        {
+            **REQUIRED,
+            "LAUNCH_KINDS": " command ",
+            "PODMAN_OPTIONS": "--runtime runc --cgroup-manager 'cgroupfs'",
+            "CONTAINER_DEVICES": "/dev/nvidiactl, /dev/nvidia-uvm",
+        }
+    )
+    assert given.launch_kinds == {"command"}
+    assert given.podman_options == ("--runtime", "runc", "--cgroup-manager", "cgroupfs")
+    assert given.container_devices == ("/dev/nvidiactl", "/dev/nvidia-uvm")
+    assert config_from_values({**REQUIRED, "LAUNCH_KINDS": "none"}).launch_kinds == frozenset()
+    assert config_from_values({**REQUIRED, "LAUNCH_KINDS": "both"}).launch_kinds == {"container", "command"}
+
+
+@pytest.mark.parametrize(
+    ("key", "raw", "words"),
+    [
+        ("LAUNCH_KINDS", "containers,vm", "LAUNCH_KINDS: containers, vm? Give container, command, both or none"),
+        ("PODMAN_OPTIONS", "run --privileged", "PODMAN_OPTIONS are podman's global options"),
+        ("PODMAN_OPTIONS", "--root 'unclosed", "PODMAN_OPTIONS: No closing quotation"),
+        ("CONTAINER_DEVICES", "nvidiactl", "CONTAINER_DEVICES are absolute paths of device files, not 'nvidiactl'"),
+        ("CONTAINER_DEVICES", "/dev/a:/dev/b", "CONTAINER_DEVICES are absolute paths"),
+    ],
+)
+def test_bad_launch_settings_are_refused_with_words(key, raw, words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        config_from_values({**REQUIRED, key: raw})

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from gpubook_agent import launcher
 from gpubook_agent.launcher import LaunchRefused, LaunchSpec, Supervisor, family
 from tests.agent.harness import wait_for
 
@@ -135,3 +136,27 @@ def test_after_the_command_exited_stop_ends_what_is_left_of_its_session_and_noth
 
     assert stopped is not None and not stopped.stopped  # the command had ended by itself
     assert wait_for(lambda: not alive(orphan), timeout=5)
+
+
+def test_the_log_stays_under_its_cap_and_keeps_the_latest_output(supervisor, unix_users, monkeypatch):
+    monkeypatch.setattr(launcher, "LOG_MAX_BYTES", 64 * 1024)
+    chatty = "i=0; while [ $i -lt 20000 ]; do echo line $i of a chatty launch; i=$((i+1)); done; echo THE END"
+    launch = supervisor.start(spec(unix_users[0], "/bin/sh", "-c", chatty))
+
+    finished(supervisor)
+    assert wait_for(lambda: supervisor.tail(launch.spec.name).endswith("THE END\n"), timeout=10)
+    assert os.path.getsize(launch.log_path) <= 64 * 1024  # about 600 KB were printed
+    assert "line 19999 of a chatty launch" in supervisor.tail(launch.spec.name)
+
+
+def test_forget_drops_an_ended_launch_and_its_log_but_never_a_running_one(supervisor, unix_users):
+    running = supervisor.start(spec(unix_users[0], "/bin/sleep", "60", name="gpubook-7-2"))
+    ended = supervisor.start(spec(unix_users[0], "/bin/true"))
+    finished(supervisor)
+
+    supervisor.forget(ended.spec.name)
+    supervisor.forget(running.spec.name)
+
+    assert not os.path.exists(ended.log_path) and supervisor.tail(ended.spec.name) == ""
+    assert os.path.exists(running.log_path)
+    supervisor.stop(running.spec.name, grace=1)

@@ -664,23 +664,34 @@ def test_an_acl_entry_a_stored_lease_explains_passes(mig_node, unix_users):
     assert mig_node.check()["mig"].status == OK
 
 
-def test_the_launch_check_says_what_environments_would_run_under(tmp_path):
+def test_the_launch_check_says_what_environments_run_under_and_warns_of_what_cannot_run(tmp_path):
     pid1 = tmp_path / "comm"
     pid1.write_text("systemd\n")
-    everything = selfcheck.check_launch(which=lambda name: f"/usr/bin/{name}", pid1=str(pid1))
+    everything = selfcheck.check_launch(frozenset({"container", "command"}), lambda name: f"/usr/bin/{name}", str(pid1))
     assert everything.status == OK
-    assert (
-        everything.message
-        == "environments would run under transient systemd units (systemd is PID 1); podman for containers"
+    assert everything.message == (
+        "commands and containers run under the agent's own supervisor (systemd is PID 1; transient units are not "
+        "used yet)"
     )
     assert everything.details == (
-        "systemd-run: /usr/bin/systemd-run",
         "prlimit: /usr/bin/prlimit",
         "podman: /usr/bin/podman",
+        "newuidmap: /usr/bin/newuidmap",
+        "systemd-run: /usr/bin/systemd-run",
     )
 
     pid1.write_text("tini\n")
-    bare = selfcheck.check_launch(which=lambda name: None, pid1=str(pid1))
-    assert bare.status == OK  # informational while launches are not enabled
-    assert "the agent's own supervisor" in bare.message and "no podman: plain commands only" in bare.message
-    assert bare.message.endswith("no prlimit (util-linux): launches with limits are refused")
+    bare = selfcheck.check_launch(frozenset({"container", "command"}), lambda name: None, str(pid1))
+    assert bare.status == WARN
+    assert bare.message == (
+        "commands and containers run under the agent's own supervisor; no podman and newuidmap: container launches "
+        "are refused; no prlimit (util-linux): launches with limits are refused"
+    )
+    assert "LAUNCH_KINDS=command" in bare.fix
+
+    commands_only = selfcheck.check_launch(
+        frozenset({"command"}), lambda name: "/usr/bin/prlimit" if name == "prlimit" else None, str(pid1)
+    )
+    assert commands_only.status == OK  # no podman is no problem where containers are not allowed
+    off = selfcheck.check_launch(frozenset(), lambda name: None, str(pid1))
+    assert (off.status, off.message) == (OK, "environments are off here (LAUNCH_KINDS=none)")

@@ -16,6 +16,7 @@ from nodes.ingest_serializers import (
     EventsSerializer,
     HeartbeatResponseSerializer,
     HeartbeatSerializer,
+    LaunchStatusSerializer,
     MigCardSerializer,
     MigSliceSerializer,
     ProcessSerializer,
@@ -23,7 +24,7 @@ from nodes.ingest_serializers import (
     TelemetrySerializer,
 )
 from nodes.models import NodeEvent
-from reservations.lease_api import AgentLeaseSerializer, AgentSnapshotSerializer
+from reservations.lease_api import AgentLaunchSerializer, AgentLeaseSerializer, AgentSnapshotSerializer
 
 T0 = datetime(2030, 5, 6, 9, 0, tzinfo=UTC)
 
@@ -109,3 +110,8 @@ def test_a_full_batch_of_events_is_valid():
     ]
 
     assert EventsSerializer(data=protocol.events(batch)).is_valid()
+
+
+def test_the_launch_shapes_have_their_serializers_fields():
+    assert set(LaunchStatusSerializer().fields) == set(get_type_hints(protocol.LaunchStatus))
+    assert set(AgentLaunchSerializer().fields) == set(get_type_hints(protocol.LaunchRequest))

@@ -1,0 +1,606 @@
+"""Running the environments that leases ask for (issue 22), bounded by their slots.
+
+A lease may name launches (protocol.LaunchRequest): a container image or a plain command the admins listed, to run
+as the lease's user while the lease lasts. Level-triggered, like the leases themselves: every pass (a second
+apart, and right after each enforcement pass) compares what the stored snapshot asks for *now* with what runs.
+
+- A launch starts once its lease is active and every device file of its GPUs is open to the user (so a container
+  can open what it is given), never as root: launcher.Supervisor runs it as the user, in a session of its own,
+  with its limits, from an argument list. A container is rootless podman with only the lease's device files
+  (``--device``), a read-only image, no capabilities, no new privileges, a per-user volume for /work, and no
+  network unless its command serves a port, which is then published on the node's loopback only.
+- It ends when the lease ends (the slot's end, a release, a cancellation: the lease leaves the snapshot) or the
+  portal stops listing it (someone pressed Stop): SIGTERM, the node's grace, SIGKILL, for the command and all it
+  started; a container is stopped through podman first, since its processes are not the command's children.
+  The enforcer's own cleanup at the slot's end (revoked ACLs, leftover holders ended) stays the authority; this
+  is the orderly first line.
+- A launch that exited on its own is not started again; nor is one refused (a kind this node does not run, an
+  account it refuses, a bad request). Every change is an event for the portal, and each heartbeat carries every
+  launch's state, its output's tail and, for a notebook, its port and token (``statuses``).
+
+The agent remembers what it started only while it runs: a restarted agent starts again the launches of leases
+still active (a clean stop ends them, as it closes the GPUs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import pwd
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from gpubook_agent import cleanup, procfs, protocol
+from gpubook_agent.config import AgentConfig
+from gpubook_agent.launcher import MARKER, LaunchRefused, LaunchSpec, Supervisor, family
+from gpubook_agent.snapshot import LaunchOrder, Lease
+
+log = logging.getLogger(__name__)
+
+STARTING, RUNNING, EXITED, STOPPED, REFUSED = "starting", "running", "exited", "stopped", "refused"
+KEEP_ENDED_SECONDS = 3600.0  # how long an ended launch stays in heartbeats (the portal has it long before)
+PASS_SECONDS = 1.0
+PULL_AHEAD = timedelta(hours=1)  # a container's image is pulled (as its user) this long before its slot starts
+PODMAN_TIMEOUT = 600.0  # a pull or an image check that takes longer is given up
+SHARED_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")  # open to everyone anyway
+CONTAINER_WORKDIR = "/work"
+CONTAINER_VOLUME = "gpubook-work"  # a named volume in the user's own (rootless) storage: theirs alone
+LEFTOVER_NAME_RE = re.compile(r"\Agpubook-(?P<reservation>[0-9]{1,18})-(?P<number>[0-9]{1,7})\Z")
+
+
+class LeaseSource(Protocol):
+    """What launches need from the enforcer (enforcer.Enforcer)."""
+
+    def active_leases(self, now: datetime) -> list[tuple[Lease, tuple[str, ...] | None]]: ...
+
+    def refused_leases(self, now: datetime) -> list[tuple[Lease, str]]: ...
+
+    def upcoming_leases(self, now: datetime, within: timedelta) -> list[Lease]: ...
+
+    def lease_of(self, reservation: int) -> Lease | None: ...
+
+
+@dataclass
+class Entry:
+    """One launch this agent knows: asked for, started, or ended lately."""
+
+    reservation: int
+    number: int
+    user: str
+    order: LaunchOrder
+    state: str = STARTING
+    message: str = ""
+    exit_code: int | None = None
+    port: int | None = None
+    token: str = ""
+    stopping: bool = False
+    ended_at: float | None = None  # monotonic
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def name(self) -> str:
+        return protocol.launch_name(self.reservation, self.number)
+
+    @property
+    def is_container(self) -> bool:
+        return self.order.kind == "container"
+
+
+class Launches:
+    """The node's launches. ``step`` (any thread, one at a time) decides; starts and stops run on a small pool."""
+
+    def __init__(
+        self,
+        *,
+        config: AgentConfig,
+        leases: LeaseSource,
+        report: Callable[..., None],
+        supervisor: Supervisor,
+        changed: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.leases = leases
+        self.report = report
+        self.supervisor = supervisor
+        self.changed = changed  # a launch changed state: the reporter sends a heartbeat soon
+        self.clock = clock
+        self._entries: dict[str, Entry] = {}
+        # Images got ready ahead of their slots, per (user, image): what the heartbeat says of them meanwhile.
+        self._images: dict[tuple[str, str], str] = {}
+        # Launches the node knows of but does not run yet, and what the heartbeat says of each meanwhile.
+        # (A message, or the image whose message in _images is the word on it.)
+        self._pending: dict[tuple[int, int], str | tuple[str, str]] = {}
+        self._lock = threading.Lock()
+        self._step_lock = threading.Lock()
+        # Starts and stops wait (a grace, a pull at the start): many side by side, so that a slot end that ends a
+        # dozen launches ends each within its grace. Pulls ahead of slots go on their own, few at a time.
+        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agent-launch")
+        self._pulls = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-pull")
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- deciding ---------------------------------------------------------------------------------
+
+    def step(self, now: datetime) -> None:
+        with self._step_lock:
+            wanted: dict[str, tuple[Lease, LaunchOrder, tuple[str, ...] | None]] = {}
+            for lease, files in self.leases.active_leases(now):
+                for order in lease.launches:
+                    wanted[protocol.launch_name(lease.reservation, order.number)] = (lease, order, files)
+            for lease, reason in self.leases.refused_leases(now):
+                for order in lease.launches:
+                    if protocol.launch_name(lease.reservation, order.number) not in self._entries:
+                        self._refuse(lease, order, f"not an ordinary account here: {reason}")
+            pending: dict[tuple[int, int], str | tuple[str, str]] = {}
+            for name, (lease, order, files) in wanted.items():
+                if name not in self._entries:
+                    self._consider(name, lease, order, files)
+                if name not in self._entries:
+                    why = f"waiting for the booking's GPUs to open to {lease.user}"
+                    pending[(lease.reservation, order.number)] = why
+            with self._lock:
+                entries = list(self._entries.values())
+            for entry in entries:
+                if entry.state in (STARTING, RUNNING) and entry.name not in wanted and not entry.stopping:
+                    entry.stopping = True
+                    self._pool.submit(self._guarded, self._stop_entry, entry, self._why_stopped(entry, now))
+            for launch in self.supervisor.poll():
+                exited = self._entries.get(launch.spec.name)
+                if exited is not None and not exited.stopping and exited.state == RUNNING:
+                    self._ended(exited, EXITED, launch.exit_code, f"exited with code {launch.exit_code}")
+            self._pending = self._prepare_upcoming(now) | pending
+            self._forget_old()
+
+    def _prepare_upcoming(self, now: datetime) -> dict[tuple[int, int], str | tuple[str, str]]:
+        """Containers of leases starting within PULL_AHEAD: their image is checked, and pulled if missing, now.
+        Returns what the heartbeat says of each launch of those leases meanwhile."""
+        said: dict[tuple[int, int], str | tuple[str, str]] = {}
+        for lease in self.leases.upcoming_leases(now, PULL_AHEAD):
+            for order in lease.launches:
+                if order.problem is not None or order.kind not in self.config.launch_kinds or not order.number:
+                    continue  # refused at the start, and said then
+                said[(lease.reservation, order.number)] = "waiting for the slot"
+                key = (lease.user, order.image)
+                if order.kind != "container" or not shutil.which("podman"):
+                    continue
+                if key not in self._images:
+                    self._images[key] = f"getting the image {order.image} ready ahead of the slot"
+                    self._pulls.submit(self._guarded, self._pull_ahead, key)
+                said[(lease.reservation, order.number)] = key
+        return said
+
+    def _pull_ahead(self, key: tuple[str, str]) -> None:
+        user, image = key
+
+        def note(message: str) -> None:
+            self._images[key] = message
+            self.changed()
+
+        try:
+            note(self._ensure_image(user, image, note))
+        except LaunchRefused as refusal:
+            note(f"{refusal} (tried again at the start)")
+
+    def _consider(self, name: str, lease: Lease, order: LaunchOrder, files: tuple[str, ...] | None) -> None:
+        """A launch seen for the first time: refused now, started once its GPUs are open, or left for a later pass."""
+        problem = order.problem
+        if problem is None and order.kind not in self.config.launch_kinds:
+            problem = f"this node runs no {order.kind}s (its LAUNCH_KINDS)"
+        if problem is None and order.kind == "container" and shutil.which("podman") is None:
+            problem = "this node has no podman to run containers with"
+        if problem is not None:
+            self._refuse(lease, order, problem)
+            return
+        if files is None:
+            return  # the lease's GPUs are not open to its user yet: the enforcer is on it
+        entry = Entry(reservation=lease.reservation, number=order.number, user=lease.user, order=order)
+        with self._lock:
+            self._entries[name] = entry
+        self._pool.submit(self._guarded, self._start_entry, entry, files)
+
+    def _refuse(self, lease: Lease, order: LaunchOrder, problem: str) -> None:
+        entry = Entry(reservation=lease.reservation, number=order.number, user=lease.user, order=order)
+        with self._lock:
+            self._entries[entry.name] = entry
+        self._ended(entry, REFUSED, None, problem)
+
+    def _why_stopped(self, entry: Entry, now: datetime) -> str:
+        lease = self.leases.lease_of(entry.reservation)
+        if lease is None:
+            return "the booking ended (released or cancelled)"
+        if lease.end <= now:
+            return "the slot ended"
+        return "stopped from the portal"
+
+    # -- doing ------------------------------------------------------------------------------------
+
+    def _start_entry(self, entry: Entry, files: tuple[str, ...]) -> None:
+        with entry.lock:
+            if entry.stopping:
+                self._ended(entry, STOPPED, None, "stopped before it started")
+                return
+            try:
+                self.supervisor.account(entry.user)  # refused here, before anything runs as them
+                argv = self._argv(entry, files)
+                if entry.is_container:
+                    self._ensure_image(entry.user, entry.order.image, lambda message: self._note(entry, message))
+                if self._stop_asked(entry):  # while the image was pulled
+                    self._ended(entry, STOPPED, None, "stopped before it started")
+                    return
+                self.supervisor.start(
+                    LaunchSpec(
+                        name=entry.name,
+                        user=entry.user,
+                        argv=tuple(argv),
+                        env=self._connection_env(entry),
+                        # A container's limits are podman's --ulimit (rlimits on podman itself would break it).
+                        memory_max_bytes=None if entry.is_container else entry.order.memory_max_bytes,
+                        max_processes=None if entry.is_container else entry.order.max_processes,
+                    )
+                )
+            except LaunchRefused as refusal:
+                self._ended(entry, REFUSED, None, str(refusal))
+                return
+            except OSError as error:  # the node's side (its log directory, say): said, not left "starting"
+                self._ended(entry, REFUSED, None, f"the node could not start it: {error}")
+                return
+            entry.state = RUNNING
+            entry.message = ""
+            self.report(
+                "launch_started",
+                reservation=entry.reservation,
+                user=entry.user,
+                launch=entry.number,
+                message=f"{entry.order.image or entry.order.argv[0]} as {entry.user}"
+                + (f", port {entry.port}" if entry.port else ""),
+            )
+            self.changed()
+
+    @staticmethod
+    def _stop_asked(entry: Entry) -> bool:
+        return entry.stopping  # set by step(), on another thread, at any moment
+
+    def _stop_entry(self, entry: Entry, reason: str) -> None:
+        with entry.lock:
+            if entry.state != RUNNING:
+                if entry.state == STARTING:
+                    self._ended(entry, STOPPED, None, reason)
+                return
+            grace = self.config.grace_seconds
+            if entry.is_container:
+                self._podman_stop(entry, grace)
+            launch = self.supervisor.stop(entry.name, grace=grace)
+            unkillable = list(launch.unkillable) if launch else []
+            if entry.is_container:
+                unkillable += self._end_container_monitor(entry, grace)
+            code = launch.exit_code if launch else None
+            message = reason + (f"; pids {', '.join(map(str, unkillable))} could not be ended" if unkillable else "")
+            self._ended(entry, STOPPED, code, message)
+
+    def _ended(self, entry: Entry, state: str, exit_code: int | None, message: str) -> None:
+        entry.state, entry.exit_code, entry.message, entry.ended_at = state, exit_code, message, self.clock()
+        kind = {EXITED: "launch_exited", STOPPED: "launch_stopped", REFUSED: "launch_refused"}[state]
+        fields: dict[str, Any] = {"reservation": entry.reservation, "user": entry.user, "message": message}
+        if entry.number:
+            fields["launch"] = entry.number
+        if exit_code is not None:
+            fields["exit_code"] = max(-255, min(255, exit_code))
+        (log.warning if state == REFUSED else log.info)("launch %s: %s", entry.name, message)
+        self.report(kind, **fields)
+        self.changed()
+
+    def _guarded(self, job: Callable[..., None], *args: Any) -> None:
+        try:
+            job(*args)
+        except Exception:
+            log.exception("launch job %s failed", job.__name__)
+
+    def _forget_old(self) -> None:
+        horizon = self.clock() - KEEP_ENDED_SECONDS
+        with self._lock:
+            old = [name for name, e in self._entries.items() if e.ended_at is not None and e.ended_at < horizon]
+            for name in old:
+                del self._entries[name]
+        for name in old:
+            self.supervisor.forget(name)
+
+    def end_leftovers(self) -> int:
+        """Before anything starts: end what an earlier run of the agent launched (its processes carry the launch's
+        MARKER; a container's monitor is found by its name). The launches of leases still active start again, afresh.
+        Returns how many launches were ended."""
+        found: dict[str, set[int]] = {}
+        for pid, name in procfs.marked_processes(MARKER):
+            ids = procfs.process_uids(pid) or (0,)
+            # Only what an ordinary account runs: anyone may set the variable, and a set-uid program keeps it.
+            if LEFTOVER_NAME_RE.match(name) and min(ids) >= self.supervisor.accounts.uid_min:
+                found.setdefault(name, set()).add(pid)
+        for name, pids in sorted(found.items()):
+            uids = {uid for pid in pids if (uid := procfs.process_uid(pid))}
+            members = {member for pid in pids for member in family(pid)}
+            members |= {member for uid in uids for monitor in conmon_pids(uid, name) for member in family(monitor)}
+            ended = cleanup.terminate(sorted(members), term_timeout=self.config.grace_seconds)
+            match = LEFTOVER_NAME_RE.match(name)
+            assert match is not None
+            self.report(
+                "launch_stopped",
+                reservation=int(match["reservation"]),
+                launch=int(match["number"]),
+                user=procfs.user_name(min(uids)) if uids else None,
+                message="left running by an earlier run of the agent: ended (it starts again while its slot lasts)"
+                + (f"; pids {', '.join(map(str, ended.unkillable))} could not be ended" if ended.unkillable else ""),
+            )
+        return len(found)
+
+    # -- the command line ---------------------------------------------------------------------------
+
+    def _argv(self, entry: Entry, files: tuple[str, ...]) -> list[str]:
+        """The command to run, its {port} and {token} filled in (a fresh loopback port and secret, kept for the
+        heartbeat); for a container, the podman line around it."""
+        order = entry.order
+        if order.serves_port:
+            entry.port = free_port()
+        if order.serves_port or order.asks_token:  # a server gets its key, whether its command line shows it or not
+            entry.token = secrets.token_urlsafe(24)
+        command = [
+            arg.replace(protocol.PORT_PLACEHOLDER, str(entry.port)).replace(protocol.TOKEN_PLACEHOLDER, entry.token)
+            for arg in order.argv
+        ]
+        if not entry.is_container:
+            return command
+        return podman_run_argv(
+            podman=self._podman(),
+            options=self.config.podman_options,
+            name=entry.name,
+            image=order.image,
+            devices=[*files, *self._shared_devices()],
+            port=entry.port,
+            env_names=sorted(self._connection_env(entry)),
+            memory_max_bytes=order.memory_max_bytes,
+            max_processes=order.max_processes,
+            command=command,
+        )
+
+    @staticmethod
+    def _connection_env(entry: Entry) -> dict[str, str]:
+        """The port and token also as environment variables, which only the user and root can read (a command line
+        is anyone's to see in ps): GPUBOOK_PORT, GPUBOOK_TOKEN, and JUPYTER_TOKEN, which Jupyter takes by itself."""
+        env = {"GPUBOOK_PORT": str(entry.port)} if entry.port else {}
+        if entry.token:
+            env |= {"GPUBOOK_TOKEN": entry.token, "JUPYTER_TOKEN": entry.token}
+        return env
+
+    def _shared_devices(self) -> list[str]:
+        paths = self.config.container_devices or tuple(
+            os.path.join(self.config.device_dir, name) for name in SHARED_DEVICES
+        )
+        return [path for path in paths if os.path.exists(path)]
+
+    def _podman(self) -> str:
+        podman = shutil.which("podman")
+        if podman is None:
+            raise LaunchRefused("this node has no podman to run containers with")
+        return podman
+
+    def _as_user(self, account: pwd.struct_passwd, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        """A podman command as the launch's user (their own rootless storage), from an argument list."""
+        return subprocess.run(  # noqa: S603 - an argument list; the user is the lease's, checked by the supervisor
+            argv,
+            user=account.pw_uid,
+            group=account.pw_gid,
+            extra_groups=os.getgrouplist(account.pw_name, account.pw_gid),
+            cwd=account.pw_dir if os.path.isdir(account.pw_dir) else "/",
+            env={
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "HOME": account.pw_dir,
+                "USER": account.pw_name,
+                "LANG": "C.UTF-8",
+            },
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def _ensure_image(self, user: str, image: str, note: Callable[[str], None]) -> str:
+        """The image in the user's own (rootless) storage, pulled as them if it is not there (``note`` says so
+        meanwhile); what is the case now, in words. LaunchRefused when it cannot be had."""
+        account = self.supervisor.account(user)
+        podman = [self._podman(), *self.config.podman_options]
+        try:
+            if self._as_user(account, [*podman, "image", "exists", image], 60).returncode == 0:
+                return f"the image {image} is on the node"
+            note(f"pulling the image {image}")
+            pulled = self._as_user(account, [*podman, "pull", "--quiet", image], PODMAN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise LaunchRefused(f"the image {image} could not be pulled in {PODMAN_TIMEOUT:.0f} s") from None
+        if pulled.returncode != 0:
+            why = (pulled.stderr.strip().splitlines() or ["podman pull failed"])[-1][:300]
+            raise LaunchRefused(f"the image {image} could not be pulled: {why}")
+        return f"the image {image} was pulled"
+
+    def _note(self, entry: Entry, message: str) -> None:
+        entry.message = message
+        self.changed()
+
+    def _podman_stop(self, entry: Entry, grace: float) -> None:
+        """Ask podman to stop the container (SIGTERM, the grace, SIGKILL); what it leaves is ended after."""
+        try:
+            account = self.supervisor.account(entry.user)
+            self._as_user(
+                account,
+                [self._podman(), *self.config.podman_options, "stop", "--time", str(int(grace)), entry.name],
+                grace + 15,
+            )
+        except (LaunchRefused, subprocess.TimeoutExpired, OSError) as error:
+            log.warning("podman stop %s: %s; its processes are ended directly", entry.name, error)
+
+    def _end_container_monitor(self, entry: Entry, grace: float) -> list[int]:
+        """The container's monitor (conmon) leaves the command's family at start (it daemonizes): end it and
+        everything under it, should podman stop have left any. Returns the pids that could not be ended."""
+        try:
+            uid = pwd.getpwnam(entry.user).pw_uid
+        except KeyError:
+            return []
+        pids = sorted({pid for monitor in conmon_pids(uid, entry.name) for pid in family(monitor)})
+        return cleanup.terminate(pids, term_timeout=grace).unkillable if pids else []
+
+    # -- what the heartbeat says --------------------------------------------------------------------
+
+    def statuses(self) -> list[protocol.LaunchStatus]:
+        with self._lock:
+            entries = sorted(self._entries.values(), key=lambda e: (e.reservation, e.number))
+        reported: list[protocol.LaunchStatus] = []
+        known = {(entry.reservation, entry.number) for entry in entries}
+        for (reservation, number), said in sorted(self._pending.items()):
+            message = said if isinstance(said, str) else self._images.get(said, "waiting for the slot")
+            if (reservation, number) not in known:
+                reported.append(_waiting(reservation, number, message))
+        for entry in entries:
+            if not entry.number:
+                continue  # a request too broken to have a number: its refusal event names the booking
+            try:
+                tail = self.supervisor.tail(entry.name, limit=protocol.LAUNCH_TAIL_CHARS * 2)
+            except OSError:
+                tail = ""
+            if entry.token:  # a notebook prints its URL with the token: that is its holder's alone, not the admins'
+                tail = tail.replace(entry.token, "<token>")
+            reported.append(
+                {
+                    "reservation": entry.reservation,
+                    "number": entry.number,
+                    "state": entry.state,
+                    "exit_code": None if entry.exit_code is None else max(-255, min(255, entry.exit_code)),
+                    "message": entry.message[: protocol.TEXT_LIMITS["message"]],
+                    "port": entry.port,
+                    "token": entry.token,
+                    "tail": printable(tail)[-protocol.LAUNCH_TAIL_CHARS :],
+                }
+            )
+        # Within what one heartbeat may carry: the open ones first, then the latest ended.
+        reported.sort(key=lambda status: status["state"] in (EXITED, STOPPED, REFUSED))
+        return reported[: protocol.MAX_LAUNCH_STATUSES]
+
+    # -- the thread ---------------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self, clock: Callable[[], datetime]) -> None:
+        def run() -> None:
+            try:
+                self.end_leftovers()
+            except Exception:
+                log.exception("ending the launches an earlier run left failed")
+            while not self._stop.is_set():
+                self._wake.clear()
+                try:
+                    self.step(clock())
+                except Exception:
+                    log.exception("launch pass failed")
+                self._wake.wait(PASS_SECONDS)
+
+        self._thread = threading.Thread(target=run, name="agent-launches", daemon=True)
+        self._thread.start()
+
+    def stop_all(self, reason: str) -> None:
+        """On a clean stop of the agent: every launch ends (the GPUs close too), side by side."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        with self._lock:
+            running = [entry for entry in self._entries.values() if entry.state in (STARTING, RUNNING)]
+        for entry in running:
+            entry.stopping = True
+        self._pulls.shutdown(wait=False, cancel_futures=True)
+        list(self._pool.map(lambda entry: self._guarded(self._stop_entry, entry, reason), running))
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _waiting(reservation: int, number: int, message: str) -> protocol.LaunchStatus:
+    return {
+        "reservation": reservation,
+        "number": number,
+        "state": "waiting",
+        "exit_code": None,
+        "message": message[: protocol.TEXT_LIMITS["message"]],
+        "port": None,
+        "token": "",
+        "tail": "",
+    }
+
+
+def podman_run_argv(
+    *,
+    podman: str,
+    options: Iterable[str],
+    name: str,
+    image: str,
+    devices: Iterable[str],
+    port: int | None,
+    memory_max_bytes: int | None,
+    max_processes: int | None,
+    command: list[str],
+    env_names: Iterable[str] = (),
+) -> list[str]:
+    """The rootless podman line for a launch: only these device files, a read-only image, no capabilities or new
+    privileges, a per-user volume for /work, no network unless the command serves ``port`` (then published on
+    the node's loopback only)."""
+    argv = [podman, *options, "run", "--rm", "--replace", "--name", name, "--read-only"]
+    argv += ["--security-opt", "no-new-privileges", "--cap-drop", "all", "--pull", "never"]
+    argv += ["--volume", f"{CONTAINER_VOLUME}:{CONTAINER_WORKDIR}", "--workdir", CONTAINER_WORKDIR]
+    argv += ["--network", "none"] if port is None else ["--publish", f"127.0.0.1:{port}:{port}"]
+    for path in dict.fromkeys(devices):
+        argv += ["--device", f"{path}:{path}:rw"]
+    for name in env_names:  # the value comes from podman's own environment: never on a command line
+        argv += ["--env", name]
+    if memory_max_bytes:
+        argv += ["--ulimit", f"as={memory_max_bytes}:{memory_max_bytes}"]
+    if max_processes:
+        argv += ["--ulimit", f"nproc={max_processes}:{max_processes}"]
+    return [*argv, image, *command]
+
+
+def conmon_pids(uid: int, name: str, *, proc: str = procfs.PROC) -> list[int]:
+    """The pids of podman's container monitors of ``uid`` for the container ``name`` (``conmon ... -n name``)."""
+    found = []
+    for pid in procfs.pids(proc=proc):
+        with contextlib.suppress(OSError):
+            if os.stat(f"{proc}/{pid}").st_uid != uid:
+                continue
+            with open(f"{proc}/{pid}/cmdline", "rb") as file:
+                argv = file.read().split(b"\0")
+            if argv and os.path.basename(argv[0]) == b"conmon" and _named(argv, name.encode()):
+                found.append(pid)
+    return found
+
+
+def _named(argv: list[bytes], name: bytes) -> bool:
+    return any(arg in (b"-n", b"--name") and value == name for arg, value in itertools.pairwise(argv))
+
+
+def free_port() -> int:
+    """A port free on the loopback now (the kernel's choice); the launch binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def printable(text: str) -> str:
+    """Output fit for the portal: no NUL or other control characters (terminal colours) but newlines and tabs."""
+    return "".join(ch for ch in text if ch.isprintable() or ch in "\n\t")
