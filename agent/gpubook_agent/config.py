@@ -23,6 +23,7 @@ DEFAULT_CONFIG_FILE = "/etc/gpubook/agent.conf"
 ENV_PREFIX = "GPUBOOK_"
 NODE_NAME_RE = re.compile(r"\A[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LAUNCH_RUNNERS = ("auto", "systemd", "supervisor")
 # Far beyond any sensible period, yet well inside what timedelta and threading timeouts accept: a larger
 # value would raise OverflowError inside the enforcer's or the reporter's thread and stop it.
 MAX_SECONDS = 366 * 24 * 3600.0
@@ -81,6 +82,9 @@ class AgentConfig:
     # Device files every container gets besides its booking's own (the driver's control files, which are open to
     # all anyway); those missing on the node are left out. Empty: the defaults under DEVICE_DIR.
     container_devices: tuple[str, ...] = ()
+    # What runs a launch: "systemd" (a transient unit per launch, in a cgroup of its own), "supervisor" (the agent's
+    # own child, in a session of its own), or "auto": systemd where it is PID 1 and systemd-run is installed.
+    launch_runner: str = "auto"
 
     @property
     def queue(self) -> str:
@@ -112,7 +116,7 @@ _KNOWN = (
     | set(_STRINGS)
     | {"SIMULATED_GPUS", "END_VIOLATIONS", "PROTECTED_USERS", "ALLOW_INSECURE_PORTAL", "ALLOW_POWER_CAP"}
     | {"SIMULATED_MODEL", "SIMULATED_MEMORY_MIB", "SIMULATED_POWER_W", "SIMULATED_MIG"}
-    | {"LAUNCH_KINDS", "PODMAN_OPTIONS", "CONTAINER_DEVICES"}
+    | {"LAUNCH_KINDS", "PODMAN_OPTIONS", "CONTAINER_DEVICES", "LAUNCH_RUNNER"}
 )
 
 
@@ -277,7 +281,7 @@ def _simulated_mig(values: Mapping[str, str], kwargs: Mapping[str, object]) -> d
 
 
 def _launch_settings(values: Mapping[str, str]) -> dict[str, object]:
-    """LAUNCH_KINDS, PODMAN_OPTIONS and CONTAINER_DEVICES, those given, checked."""
+    """LAUNCH_KINDS, LAUNCH_RUNNER, PODMAN_OPTIONS and CONTAINER_DEVICES, those given, checked."""
     settings: dict[str, object] = {}
     if "LAUNCH_KINDS" in values:
         kinds = {item.strip() for item in values["LAUNCH_KINDS"].split(",") if item.strip()} - {"none"}
@@ -287,6 +291,13 @@ def _launch_settings(values: Mapping[str, str]) -> dict[str, object]:
         if unknown:
             raise ConfigError(f"LAUNCH_KINDS: {', '.join(unknown)}? Give container, command, both or none")
         settings["launch_kinds"] = frozenset(kinds)
+    if values.get("LAUNCH_RUNNER"):
+        runner = values["LAUNCH_RUNNER"].strip().lower()
+        if runner not in LAUNCH_RUNNERS:
+            raise ConfigError(
+                f"LAUNCH_RUNNER must be one of {', '.join(LAUNCH_RUNNERS)}, not {values['LAUNCH_RUNNER']!r}"
+            )
+        settings["launch_runner"] = runner
     if values.get("PODMAN_OPTIONS"):
         try:
             options = tuple(shlex.split(values["PODMAN_OPTIONS"]))

@@ -1,27 +1,29 @@
 """Running a booking's environment on the node as the booking's user, bounded by the slot (issue 22).
 
-This is the supervisor for nodes where systemd is not PID 1, with the contract a transient systemd unit would give:
-the command runs as the user (never root: root, and every account a lease would be refused for: under UID_MIN,
-nobody, PROTECTED_USERS; the name must follow the portal's username syntax), in a session and process group of its
-own, with the resource limits the kernel offers per process (address space, processes, open files; set by
-util-linux's ``prlimit`` before the command starts, so nothing runs unlimited even for a moment), a clean
-environment (a fixed PATH, HOME, USER, LOGNAME, LANG, the launch's MARKER and what the caller adds), and its output,
-through a pipe to the agent, in a log only root can open, which the agent keeps under LOG_MAX_BYTES. ``stop`` ends
-it and everything it started (its session, and while the command itself runs every descendant, even one that left
-the session with ``setsid``; after it has exited, what is left of its session): SIGTERM, the grace, then SIGKILL,
-through pidfds (cleanup.terminate), so a recycled pid is never hit. A process that left both the session and the
-family (``setsid`` in a child whose parent exited) escapes: cgroups (the systemd unit) are the answer to that; the
-enforcer's revocation and its end of whatever still holds a GPU stay the authority. Argument lists only, never a
-shell.
+Each launch runs as the agent's own child (the supervisor) or, where systemd is PID 1, in a transient systemd unit
+(``units``, ``unit_argv``), with one contract: the command runs as the user (never root: root, and every account a
+lease would be refused for: under UID_MIN, nobody, PROTECTED_USERS; the name must follow the portal's username
+syntax), from an argument list, never a shell, with a clean environment (a fixed PATH, HOME, USER, LOGNAME, LANG,
+the launch's MARKER and what the caller adds), its limits set before it starts, and its output, through a pipe to
+the agent, in a log only root can open, which the agent keeps under LOG_MAX_BYTES.
+
+As a child, it runs in a session and process group of its own, with the limits the kernel offers per process
+(util-linux's ``prlimit``: address space, processes, open files); ``stop`` ends it and everything it started (its
+session, and while the command runs every descendant, even one that left the session with ``setsid``; after it
+has exited, what is left of its session): SIGTERM, the grace, then SIGKILL, through pidfds (cleanup.terminate), so
+a recycled pid is never hit. A process that left both the session and the family escapes that: a unit's cgroup
+does not let it (``systemctl stop`` ends the whole cgroup), and its limits are the cgroup's. Either way the
+enforcer's revocation and its end of whatever still holds a GPU stay the authority.
 
 launches.py decides what runs when (a lease's launches, from its signed snapshot); this module only runs and ends
-them. Not here yet: transient systemd units on nodes where systemd is PID 1 (the supervisor serves everywhere).
+them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import pwd
 import re
@@ -61,9 +63,12 @@ class LaunchSpec:
     user: str
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
-    memory_max_bytes: int | None = None  # address space of each process (RLIMIT_AS)
-    max_processes: int | None = None  # the user's processes (RLIMIT_NPROC)
+    memory_max_bytes: int | None = None  # address space of each process (RLIMIT_AS); a unit's MemoryMax
+    max_processes: int | None = None  # the user's processes (RLIMIT_NPROC); a unit's TasksMax
     open_files: int | None = None  # RLIMIT_NOFILE
+    runtime_max_seconds: int | None = None  # a unit's RuntimeMaxSec: systemd ends it then, whatever the agent does
+    grace_seconds: float = 30.0  # a unit's TimeoutStopSec: SIGTERM, this long, then SIGKILL for its whole cgroup
+    delegate: bool = False  # a unit's Delegate=yes: rootless podman makes cgroups of its own inside it
 
 
 @dataclass
@@ -83,10 +88,19 @@ class Launch:
 class Supervisor:
     """The launches of one node. Thread-safe: the enforcer's thread starts and stops them, the reporter polls."""
 
-    def __init__(self, *, log_dir: str, accounts: AccountCheck | None = None, uid_min: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        log_dir: str,
+        accounts: AccountCheck | None = None,
+        uid_min: int | None = None,
+        units: bool = False,
+    ) -> None:
         """``accounts``: the enforcer's own check (its protected users too); else one with ``uid_min`` (or the
-        node's UID_MIN)."""
+        node's UID_MIN). ``units``: run each launch in a transient systemd unit (``unit_argv``), on nodes where
+        systemd is PID 1."""
         self.log_dir = log_dir
+        self.units = units
         self.accounts = accounts or AccountCheck(uid_min=procfs.uid_min() if uid_min is None else uid_min)
         self._launches: dict[str, Launch] = {}
         self._lock = threading.Lock()
@@ -103,19 +117,7 @@ class Supervisor:
             flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
             log_fd = os.open(log_path, flags, 0o600)  # root's alone; the agent writes what the command prints
             try:
-                process = subprocess.Popen(  # noqa: S603 - an argument list, checked above; never a shell
-                    [*_limits(spec), *spec.argv],
-                    user=account.pw_uid,
-                    group=account.pw_gid,
-                    extra_groups=os.getgrouplist(account.pw_name, account.pw_gid),
-                    start_new_session=True,
-                    cwd=account.pw_dir if os.path.isdir(account.pw_dir) else "/",
-                    env={**_environment(account, spec.env), MARKER: spec.name},
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    close_fds=True,
-                )
+                process = self._unit(spec, account) if self.units else self._child(spec, account)
             except OSError as error:
                 os.close(log_fd)
                 os.unlink(log_path)
@@ -127,6 +129,44 @@ class Supervisor:
             ).start()
             self._launches[spec.name] = launch
             return launch
+
+    def _child(self, spec: LaunchSpec, account: pwd.struct_passwd) -> subprocess.Popen[bytes]:
+        """The command as the agent's own child: as the user, in a session of its own, prlimit's limits first."""
+        return subprocess.Popen(  # noqa: S603 - an argument list, checked by start(); never a shell
+            [*_limits(spec), *spec.argv],
+            user=account.pw_uid,
+            group=account.pw_gid,
+            extra_groups=os.getgrouplist(account.pw_name, account.pw_gid),
+            start_new_session=True,
+            cwd=account.pw_dir if os.path.isdir(account.pw_dir) else "/",
+            env={**_environment(account, spec.env), MARKER: spec.name},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            close_fds=True,
+        )
+
+    def _unit(self, spec: LaunchSpec, account: pwd.struct_passwd) -> subprocess.Popen[bytes]:
+        """The command in a transient systemd unit: systemd-run (as root) asks PID 1 to start it as the user, in a
+        cgroup of its own outside the agent's, and waits for it, its output on our pipe. The environment goes in
+        a root-only file systemd reads (a unit's Environment= is anyone's to read with systemctl show)."""
+        env_path = os.path.join(self.log_dir, f"{spec.name}.env")
+        env_fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(env_fd, "w") as env_file:
+            for key, value in {**_environment(account, spec.env), MARKER: spec.name}.items():
+                env_file.write(f"{key}={_quoted(value)}\n")
+        systemd_run = shutil.which("systemd-run")
+        if systemd_run is None:
+            raise LaunchRefused("this node has no systemd-run, which LAUNCH_RUNNER=systemd asks for")
+        return subprocess.Popen(  # noqa: S603 - an argument list, checked by start(); never a shell
+            unit_argv(spec, account, systemd_run=systemd_run, env_file=env_path),
+            start_new_session=True,
+            env={"PATH": PATH, "LANG": "C.UTF-8"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            close_fds=True,
+        )
 
     def poll(self) -> list[Launch]:
         """The launches whose command has exited since the last poll (each once)."""
@@ -148,6 +188,8 @@ class Supervisor:
         # the number may be another process's, and so may its children's parent: then only the session counts
         # (Linux reuses no pid that is still a session's id).
         running = launch.process.poll() is None
+        if self.units and running:
+            _stop_unit(name, grace)  # the whole cgroup: SIGTERM, TimeoutStopSec, SIGKILL; systemd-run then returns
         result = cleanup.terminate(family(launch.pid, reaped=not running), term_timeout=grace)
         launch.unkillable = result.unkillable
         launch.stopped = launch.stopped or running
@@ -162,8 +204,9 @@ class Supervisor:
             if launch is None or launch.process.poll() is None:
                 return
             del self._launches[name]
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(launch.log_path)
+        for path in (launch.log_path, launch.log_path.removesuffix(".log") + ".env"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     def tail(self, name: str, limit: int = TAIL_BYTES) -> str:
         """The end of the launch's output, as text (undecodable bytes replaced)."""
@@ -199,11 +242,75 @@ def _check(spec: LaunchSpec) -> None:
     if problem:
         raise LaunchRefused(problem)
     for key, value in spec.env.items():
-        if not ENV_NAME_RE.match(key) or "\0" in value or len(value) > MAX_ARG_CHARS:
+        if not ENV_NAME_RE.match(key) or "\0" in value or "\n" in value or len(value) > MAX_ARG_CHARS:
             raise LaunchRefused(f"bad environment variable {key!r}")
     for limit in (spec.memory_max_bytes, spec.max_processes, spec.open_files):
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise LaunchRefused("limits are positive whole numbers")
+
+
+def unit_argv(spec: LaunchSpec, account: pwd.struct_passwd, *, systemd_run: str, env_file: str) -> list[str]:
+    """systemd-run's command line for a launch (systemd-run(1), systemd.exec(5), systemd.resource-control(5)): a
+    transient service named as the launch, as the user, collected once it ends, with stdio on systemd-run's (which
+    waits for it and passes its exit status on), its limits as cgroup limits, and systemd's own end at the slot's
+    end plus the grace (RuntimeMaxSec; the agent stops it at the slot's end itself, the timer is the second line)."""
+    properties = [
+        f"EnvironmentFile={env_file}",
+        f"TimeoutStopSec={max(1, math.ceil(spec.grace_seconds))}",
+        "KillMode=control-group",
+        "SendSIGKILL=yes",
+    ]
+    if spec.runtime_max_seconds:
+        properties.append(f"RuntimeMaxSec={spec.runtime_max_seconds}")
+    if spec.memory_max_bytes:
+        properties.append(f"MemoryMax={spec.memory_max_bytes}")
+    if spec.max_processes:
+        properties.append(f"TasksMax={spec.max_processes}")
+    if spec.open_files:
+        properties.append(f"LimitNOFILE={spec.open_files}")
+    if spec.delegate:
+        properties.append("Delegate=yes")
+    return [
+        systemd_run,
+        f"--unit={spec.name}",
+        f"--uid={account.pw_uid}",
+        f"--gid={account.pw_gid}",
+        f"--working-directory={account.pw_dir if os.path.isdir(account.pw_dir) else '/'}",
+        "--service-type=exec",
+        "--collect",
+        "--quiet",
+        "--pipe",
+        *(f"--property={item}" for item in properties),
+        "--",
+        *spec.argv,
+    ]
+
+
+def systemd_is_init(pid1: str = "/proc/1/comm") -> bool:
+    """Whether systemd is PID 1 here (then LAUNCH_RUNNER=auto runs launches in transient units)."""
+    try:
+        with open(pid1) as comm:
+            return comm.read().strip() == "systemd"
+    except OSError:
+        return False
+
+
+def _stop_unit(name: str, grace: float) -> None:
+    systemctl = shutil.which("systemctl")
+    if systemctl is None:
+        return
+    try:
+        subprocess.run(  # noqa: S603 - fixed arguments and a checked name
+            [systemctl, "stop", f"{name}.service"], capture_output=True, timeout=grace + 15, check=False
+        )
+    except subprocess.TimeoutExpired:
+        log.warning("systemctl stop %s took longer than its grace: its processes are ended directly", name)
+
+
+def _quoted(value: str) -> str:
+    """A value for an EnvironmentFile= line: double quotes, with backslashes, quotes and newlines escaped."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
 
 
 def _limits(spec: LaunchSpec) -> list[str]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 import pwd
 import re
@@ -80,6 +81,7 @@ class Entry:
     number: int
     user: str
     order: LaunchOrder
+    end: datetime  # the lease's: a unit's RuntimeMaxSec runs to it (and the grace)
     state: str = STARTING
     message: str = ""
     exit_code: int | None = None
@@ -207,13 +209,13 @@ class Launches:
             return
         if files is None:
             return  # the lease's GPUs are not open to its user yet: the enforcer is on it
-        entry = Entry(reservation=lease.reservation, number=order.number, user=lease.user, order=order)
+        entry = Entry(reservation=lease.reservation, number=order.number, user=lease.user, order=order, end=lease.end)
         with self._lock:
             self._entries[name] = entry
         self._pool.submit(self._guarded, self._start_entry, entry, files)
 
     def _refuse(self, lease: Lease, order: LaunchOrder, problem: str) -> None:
-        entry = Entry(reservation=lease.reservation, number=order.number, user=lease.user, order=order)
+        entry = Entry(reservation=lease.reservation, number=order.number, user=lease.user, order=order, end=lease.end)
         with self._lock:
             self._entries[entry.name] = entry
         self._ended(entry, REFUSED, None, problem)
@@ -250,6 +252,9 @@ class Launches:
                         # A container's limits are podman's --ulimit (rlimits on podman itself would break it).
                         memory_max_bytes=None if entry.is_container else entry.order.memory_max_bytes,
                         max_processes=None if entry.is_container else entry.order.max_processes,
+                        runtime_max_seconds=self._runtime_max(entry),
+                        grace_seconds=self.config.grace_seconds,
+                        delegate=entry.is_container,
                     )
                 )
             except LaunchRefused as refusal:
@@ -373,6 +378,11 @@ class Launches:
             max_processes=order.max_processes,
             command=command,
         )
+
+    def _runtime_max(self, entry: Entry) -> int:
+        """Seconds from now to the lease's end and the grace: where a unit's own timer ends it."""
+        left = (entry.end - datetime.now(entry.end.tzinfo)).total_seconds() + self.config.grace_seconds
+        return max(1, math.ceil(left))
 
     @staticmethod
     def _connection_env(entry: Entry) -> dict[str, str]:

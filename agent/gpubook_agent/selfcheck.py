@@ -35,6 +35,7 @@ from gpubook_agent import acl, procfs, protocol
 from gpubook_agent.access import AccessMap
 from gpubook_agent.config import AgentConfig, ConfigError, config_file, load_config
 from gpubook_agent.gpus import BackendUnavailable, GpuBackend, MigCardInfo, open_configured_backend
+from gpubook_agent.launcher import systemd_is_init
 from gpubook_agent.reporter import PortalClient, redirect_refusal
 from gpubook_agent.snapshot import SnapshotRefused, decode_snapshot, parse_snapshot
 from gpubook_agent.store import SnapshotStore, StateFileIgnored, UnsafeStateDir
@@ -139,7 +140,7 @@ def run_checks(config_path: str | None, environ: dict[str, str] | None = None) -
         checks.append(portal_check)
         checks.append(check_clock(answer))
         checks.append(check_broker(config.broker_url))
-        checks.append(check_launch(config.launch_kinds))
+        checks.append(check_launch(config.launch_kinds, config.launch_runner))
     finally:
         if backend is not None:
             backend.close()
@@ -630,30 +631,30 @@ def check_clock(answer: PortalAnswer | None) -> Check:
 
 def check_launch(
     kinds: frozenset[str] = frozenset(protocol.LAUNCH_KINDS),
+    runner: str = "auto",
     which: Callable[[str], str | None] = shutil.which,
     pid1: str = "/proc/1/comm",
 ) -> Check:
-    """What a booking's environment runs under on this node (launches.py, launcher.py; issue 22): the agent's own
-    supervisor, and rootless podman for containers. A kind LAUNCH_KINDS allows that this node cannot run is a
-    warning: such launches are refused, and said so to the person who asked."""
-    try:
-        with open(pid1) as comm:
-            systemd = comm.read().strip() == "systemd"
-    except OSError:
-        systemd = False
+    """What a booking's environment runs under on this node (launches.py, launcher.py; issue 22): transient systemd
+    units (LAUNCH_RUNNER=systemd, or auto where systemd is PID 1) or the agent's own supervisor, and rootless podman
+    for containers. A kind LAUNCH_KINDS allows that this node cannot run is a warning: such launches are refused,
+    and said so to the person who asked."""
     tools = {name: which(name) for name in ("prlimit", "podman", "newuidmap", "systemd-run")}
     details = tuple(f"{name}: {path or 'missing'}" for name, path in tools.items())
     if not kinds:
         return Check("launch", OK, "environments are off here (LAUNCH_KINDS=none)", details=details)
     allowed = " and ".join(f"{kind}s" for kind in sorted(kinds))
-    runner = "the agent's own supervisor" + (" (systemd is PID 1; transient units are not used yet)" if systemd else "")
+    units = runner == "systemd" or (runner == "auto" and systemd_is_init(pid1) and bool(tools["systemd-run"]))
     problems = []
+    if units and not tools["systemd-run"]:
+        problems.append("no systemd-run for LAUNCH_RUNNER=systemd: every launch is refused")
     if "container" in kinds and not (tools["podman"] and tools["newuidmap"]):
         missing = " and ".join(name for name in ("podman", "newuidmap") if not tools[name])
         problems.append(f"no {missing}: container launches are refused")
-    if not tools["prlimit"]:
+    if not units and not tools["prlimit"]:
         problems.append("no prlimit (util-linux): launches with limits are refused")
-    message = f"{allowed} run under {runner}" + ("; " + "; ".join(problems) if problems else "")
+    runs_under = "transient systemd units" if units else "the agent's own supervisor"
+    message = f"{allowed} run under {runs_under}" + ("; " + "; ".join(problems) if problems else "")
     if problems:
         fix = "apt install podman runc uidmap util-linux, or narrow LAUNCH_KINDS (e.g. LAUNCH_KINDS=command)"
         return Check("launch", WARN, message, fix=fix, details=details)

@@ -441,3 +441,10 @@ def test_launch_settings_default_to_both_kinds_and_are_read_as_given():
 def test_bad_launch_settings_are_refused_with_words(key, raw, words):
     with pytest.raises(ConfigError, match=re.escape(words)):
         config_from_values({**REQUIRED, key: raw})
+
+
+def test_the_launch_runner_is_auto_by_default_and_refuses_what_it_does_not_know():
+    assert config_from_values(REQUIRED).launch_runner == "auto"
+    assert config_from_values({**REQUIRED, "LAUNCH_RUNNER": "Systemd"}).launch_runner == "systemd"
+    with pytest.raises(ConfigError, match="LAUNCH_RUNNER must be one of auto, systemd, supervisor, not 'docker'"):
+        config_from_values({**REQUIRED, "LAUNCH_RUNNER": "docker"})

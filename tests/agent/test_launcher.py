@@ -6,6 +6,7 @@ SIGTERM included; root, system accounts and malformed launches are refused befor
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 import time
 
@@ -160,3 +161,84 @@ def test_forget_drops_an_ended_launch_and_its_log_but_never_a_running_one(superv
     assert not os.path.exists(ended.log_path) and supervisor.tail(ended.spec.name) == ""
     assert os.path.exists(running.log_path)
     supervisor.stop(running.spec.name, grace=1)
+
+
+# -- transient systemd units ---------------------------------------------------------------------------------------
+# systemd cannot be PID 1 on these machines: the unit's command line is checked against systemd-run(1) and
+# systemd.exec(5) as documented, and a stand-in systemd-run (it records its arguments and what the EnvironmentFile
+# holds, prints, and exits as the unit would) shows the supervisor's side: the pipe, the exit status, the stop.
+
+
+def test_a_units_command_line_asks_systemd_for_the_user_the_limits_and_the_slots_end(unix_users):
+    user = unix_users[0]
+    account = pwd.getpwnam(user.name)
+    spec = LaunchSpec(
+        name="gpubook-7-1", user=user.name, argv=("/usr/bin/python3", "train.py"), memory_max_bytes=2**34,
+        max_processes=512, runtime_max_seconds=3630, grace_seconds=30, delegate=True,
+    )  # fmt: skip
+
+    argv = launcher.unit_argv(spec, account, systemd_run="/usr/bin/systemd-run", env_file="/var/lib/x/gpubook-7-1.env")
+
+    assert argv[:10] == [
+        "/usr/bin/systemd-run",
+        "--unit=gpubook-7-1",
+        f"--uid={user.uid}",
+        f"--gid={user.gid}",
+        f"--working-directory={account.pw_dir if os.path.isdir(account.pw_dir) else '/'}",
+        "--service-type=exec",
+        "--collect",
+        "--quiet",
+        "--pipe",
+        "--property=EnvironmentFile=/var/lib/x/gpubook-7-1.env",
+    ]
+    assert {arg for arg in argv if arg.startswith("--property=")} == {
+        "--property=EnvironmentFile=/var/lib/x/gpubook-7-1.env",
+        "--property=TimeoutStopSec=30",
+        "--property=KillMode=control-group",
+        "--property=SendSIGKILL=yes",
+        "--property=RuntimeMaxSec=3630",
+        "--property=MemoryMax=17179869184",
+        "--property=TasksMax=512",
+        "--property=Delegate=yes",
+    }
+    assert argv[-3:] == ["--", "/usr/bin/python3", "train.py"]  # the command after "--": never an option
+
+
+STAND_IN_SYSTEMD_RUN = """#!/bin/sh
+# A stand-in for systemd-run: keeps its arguments and the EnvironmentFile it was given, prints, exits 7.
+printf '%s\\n' "$@" > "$(dirname "$0")/argv"
+for arg in "$@"; do
+  case "$arg" in --property=EnvironmentFile=*) cat "${arg#--property=EnvironmentFile=}" > "$(dirname "$0")/env";; esac
+done
+echo "unit output"
+exit 7
+"""
+
+
+def test_with_units_the_supervisor_runs_systemd_run_and_keeps_the_environment_in_a_root_only_file(
+    tmp_path, unix_users, monkeypatch
+):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemd-run").write_text(STAND_IN_SYSTEMD_RUN)
+    (bin_dir / "systemd-run").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    log_dir = tmp_path / "launches"
+    log_dir.mkdir(mode=0o700)
+    units = Supervisor(log_dir=str(log_dir), uid_min=1000, units=True)
+
+    launch = units.start(spec(unix_users[0], "/bin/sleep", "5", env={"GPUBOOK_TOKEN": "s3cret"}))
+    ended = finished(units)
+
+    assert ended.exit_code == 7  # systemd-run --wait passes the unit's exit status on
+    assert wait_for(lambda: "unit output" in units.tail(launch.spec.name), timeout=5)
+    recorded = (bin_dir / "argv").read_text().splitlines()
+    assert recorded[0] == "--unit=gpubook-7-1" and recorded[-3:] == ["--", "/bin/sleep", "5"]
+    env_file = log_dir / "gpubook-7-1.env"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600 and env_file.stat().st_uid == 0
+    environment = (bin_dir / "env").read_text()
+    assert 'GPUBOOK_TOKEN="s3cret"' in environment and 'GPUBOOK_LAUNCH="gpubook-7-1"' in environment
+    assert f'USER="{unix_users[0].name}"' in environment
+    assert not any("s3cret" in arg for arg in recorded)  # never on a command line anyone can read
+    units.forget(launch.spec.name)
+    assert not env_file.exists()

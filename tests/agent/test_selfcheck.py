@@ -665,33 +665,33 @@ def test_an_acl_entry_a_stored_lease_explains_passes(mig_node, unix_users):
 
 
 def test_the_launch_check_says_what_environments_run_under_and_warns_of_what_cannot_run(tmp_path):
+    both = frozenset({"container", "command"})
     pid1 = tmp_path / "comm"
     pid1.write_text("systemd\n")
-    everything = selfcheck.check_launch(frozenset({"container", "command"}), lambda name: f"/usr/bin/{name}", str(pid1))
-    assert everything.status == OK
-    assert everything.message == (
-        "commands and containers run under the agent's own supervisor (systemd is PID 1; transient units are not "
-        "used yet)"
-    )
+    everything = selfcheck.check_launch(both, "auto", lambda name: f"/usr/bin/{name}", str(pid1))
+    assert (everything.status, everything.message) == (OK, "commands and containers run under transient systemd units")
     assert everything.details == (
         "prlimit: /usr/bin/prlimit",
         "podman: /usr/bin/podman",
         "newuidmap: /usr/bin/newuidmap",
         "systemd-run: /usr/bin/systemd-run",
     )
+    told = selfcheck.check_launch(both, "supervisor", lambda name: f"/usr/bin/{name}", str(pid1))
+    assert told.message == "commands and containers run under the agent's own supervisor"
 
     pid1.write_text("tini\n")
-    bare = selfcheck.check_launch(frozenset({"container", "command"}), lambda name: None, str(pid1))
+    bare = selfcheck.check_launch(both, "auto", lambda name: None, str(pid1))
     assert bare.status == WARN
     assert bare.message == (
         "commands and containers run under the agent's own supervisor; no podman and newuidmap: container launches "
         "are refused; no prlimit (util-linux): launches with limits are refused"
     )
     assert "LAUNCH_KINDS=command" in bare.fix
+    forced = selfcheck.check_launch(frozenset({"command"}), "systemd", lambda name: None, str(pid1))
+    assert forced.status == WARN and "no systemd-run for LAUNCH_RUNNER=systemd" in forced.message
 
-    commands_only = selfcheck.check_launch(
-        frozenset({"command"}), lambda name: "/usr/bin/prlimit" if name == "prlimit" else None, str(pid1)
-    )
+    only_prlimit = lambda name: "/usr/bin/prlimit" if name == "prlimit" else None  # noqa: E731
+    commands_only = selfcheck.check_launch(frozenset({"command"}), "auto", only_prlimit, str(pid1))
     assert commands_only.status == OK  # no podman is no problem where containers are not allowed
-    off = selfcheck.check_launch(frozenset(), lambda name: None, str(pid1))
+    off = selfcheck.check_launch(frozenset(), "auto", lambda name: None, str(pid1))
     assert (off.status, off.message) == (OK, "environments are off here (LAUNCH_KINDS=none)")
