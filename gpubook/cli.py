@@ -19,7 +19,7 @@ from typing import Any
 
 from gpubook import __version__
 from gpubook.client import ApiError, Client, ClientError, ConfigError, Unreachable, load_config
-from gpubook.launch_cli import add_launch_commands
+from gpubook.launch_cli import add_launch_commands, environment_id, launch_with_booking
 from gpubook.series_cli import (
     add_repeat_options,
     add_series_command,
@@ -257,6 +257,7 @@ def cmd_book(client: Client, args: argparse.Namespace) -> Any:
         body = {**target, "start": iso(args.start), "end": iso(end)}
     if args.repeat is not None:
         return book_series(client, args, {**body, "purpose": args.purpose})
+    environment = environment_id(client, args.launch) if args.launch else None  # unknown: refused before booking
     try:
         reservation = client.post("reservations/", {**body, "purpose": args.purpose})
     except ApiError as refused:
@@ -265,6 +266,7 @@ def cmd_book(client: Client, args: argparse.Namespace) -> Any:
         raise
     booked = {**reservation, "gpus": [gpu["id"] for gpu in reservation.get("gpus", ())]}
     for note in (
+        launch_with_booking(client, reservation, environment) if environment else None,
         length_note(client, reservation),
         offered_lines(client, only_if_busy=True, question=_question(client, booked)),
     ):
@@ -326,6 +328,8 @@ def check_book_options(args: argparse.Namespace) -> None:
     repeat_problem = check_repeat_options(args)
     if repeat_problem:
         raise UsageError(repeat_problem)
+    if args.launch and args.repeat is not None:
+        raise UsageError("--launch books one slot: launch in a series' bookings one by one (gpubook launch)")
     if args.earliest:
         _require(args, "--earliest", gpus="--gpus", hours="--hours")
         _forbid(args, "--earliest", start="--start (use --after)", end="--end")
@@ -459,6 +463,7 @@ def _add_book(add: Callable[..., argparse.ArgumentParser]) -> None:
     book.add_argument("--start", type=parse_moment, metavar="TIME", help=f"start ({TIME_EXAMPLE})")
     book.add_argument("--end", type=parse_moment, metavar="TIME", help="end (or give --hours)")
     book.add_argument("--purpose", default="", help="what the GPUs are for")
+    book.add_argument("--launch", metavar="ENV", help="run this environment (id or name) in the booking from its start")
     add_repeat_options(book)
 
 

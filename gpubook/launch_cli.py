@@ -32,19 +32,32 @@ def cmd_environments(client: Client, args: argparse.Namespace) -> Any:
 
 
 def cmd_launch(client: Client, args: argparse.Namespace) -> Any:
-    return client.post("launches/", {"reservation": args.reservation, "environment": _environment_id(client, args)})
+    environment = environment_id(client, args.environment)
+    return client.post("launches/", {"reservation": args.reservation, "environment": environment})
 
 
-def _environment_id(client: Client, args: argparse.Namespace) -> int:
+def environment_id(client: Client, given: str) -> int:
     """The id given, or the id of the environment with that name (case does not matter)."""
-    if args.environment.isdigit():
-        return int(args.environment)
+    if given.isdigit():
+        return int(given)
     environments = client.get_all("environments/")
-    found = [item for item in environments if item["name"].casefold() == args.environment.casefold()]
+    found = [item for item in environments if item["name"].casefold() == given.casefold()]
     if not found:
         names = ", ".join(item["name"] for item in environments) or "none"
-        raise ApiError(400, "invalid", f"No environment named {args.environment!r}. Offered: {names}.")
+        raise ApiError(400, "invalid", f"No environment named {given!r}. Offered: {names}.")
     return int(found[0]["id"])
+
+
+def launch_with_booking(client: Client, reservation: dict[str, Any], environment: int) -> str:
+    """``gpubook book --launch``: launch in the booking just made; a line to tell the person either way (the booking
+    stands if the launch is refused)."""
+    try:
+        launch = client.post("launches/", {"reservation": reservation["id"], "environment": environment})
+    except ApiError as refused:
+        return f"not launched: {refused.message} The booking stands: gpubook launch {reservation['id']} ENVIRONMENT."
+    return (
+        f"launch #{launch['id']} {launch['environment_name']}: starts with the slot (gpubook launch-log {launch['id']})"
+    )
 
 
 def cmd_launches(client: Client, args: argparse.Namespace) -> Any:

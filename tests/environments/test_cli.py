@@ -12,6 +12,7 @@ from django.utils import timezone
 from environments.models import Environment, Launch
 from gpubook_agent import protocol
 from nodes.services import node_rotate_credentials
+from reservations.models import Reservation
 from reservations.services import reservation_create
 from tests.factories import node_with_gpus
 from tests.test_cli import assert_clean_failure, cli_for, start  # noqa: F401 - fixtures
@@ -59,3 +60,25 @@ def test_list_launch_follow_and_stop_an_environment(cli_for, alice, bob, start):
     unknown = run("launch", booking.pk, "TensorFlow")
     assert_clean_failure(unknown, 1)
     assert "No environment named 'TensorFlow'. Offered: Jupyter." in unknown.stderr
+
+
+def test_book_with_launch_asks_for_the_environment_at_booking_time_and_refuses_an_unknown_one_first(
+    cli_for,  # noqa: F811
+    alice,
+    start,  # noqa: F811
+):
+    gpu = node_with_gpus(2, name="gpu-a100").gpus.order_by("index").first()
+    Environment.objects.create(name="Jupyter", image="lab/jupyter:1", command=["jupyter", "lab", "--port={port}"])
+    run = cli_for(alice)
+    times = ("--start", start.isoformat(), "--hours", "2")
+
+    unknown = run("book", "--gpu-ids", gpu.pk, *times, "--launch", "TensorFlow")
+    assert_clean_failure(unknown, 1)
+    assert "No environment named 'TensorFlow'" in unknown.stderr
+    assert not Reservation.objects.exists()  # refused before anything was booked
+
+    booked = run("book", "--gpu-ids", gpu.pk, *times, "--launch", "Jupyter")
+    assert booked.returncode == 0, booked.stderr
+    launch = Launch.objects.get()
+    assert launch.reservation.start == start and launch.state == Launch.State.REQUESTED
+    assert f"note: launch #{launch.pk} Jupyter: starts with the slot" in booked.stderr
