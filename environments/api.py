@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from accounts.http import AuthenticatedRequest
 from environments import services
 from environments.models import Environment, Launch
-from environments.selectors import environments_offered, launches_visible
+from environments.selectors import ID_RE, environments_offered, launches_visible
 from environments.serializers import EnvironmentSerializer, LaunchInput, LaunchSerializer
 from kernel.api_schema import ERRORS
 from reservations import selectors as reservation_selectors
@@ -57,7 +57,7 @@ class LaunchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
         launches = launches_visible(user=self.request.user)
         reservation = self.request.query_params.get("reservation")
         if self.action == "list" and reservation:
-            if not reservation.isdigit() or len(reservation) > 18:
+            if not ID_RE.fullmatch(reservation):
                 raise ValidationError({"reservation": "A booking's id is a whole number."})
             launches = launches.filter(reservation_id=int(reservation))
         return launches.order_by("-requested_at", "-pk")

@@ -7,35 +7,24 @@ from datetime import datetime
 from typing import Any
 
 from environments.models import Launch
-from environments.selectors import environments_offered
-from nodes.models import NodeEvent
+from environments.selectors import booking_launches, environments_offered, launch_events
 from reservations.models import Reservation
-
-LAUNCH_EVENTS = (
-    NodeEvent.Kind.LAUNCH_STARTED,
-    NodeEvent.Kind.LAUNCH_EXITED,
-    NodeEvent.Kind.LAUNCH_STOPPED,
-    NodeEvent.Kind.LAUNCH_REFUSED,
-)
 
 
 def reservation_launches(*, reservation: Reservation, viewer: Any, now: datetime) -> dict[str, Any] | None:
     """What the part shows; None (no part) when there is nothing to launch and nothing launched."""
     is_holder = reservation.user_id == viewer.pk
-    launches = list(reservation.launches.select_related("environment").order_by("number"))
+    launches = booking_launches(reservation=reservation)
     can_launch = is_holder and reservation.is_live and reservation.end > now
     offered = list(environments_offered()) if can_launch else []
     if not launches and not offered:
         return None
-    events = NodeEvent.objects.filter(
-        node_id=reservation.node_id, reservation_id=reservation.pk, kind__in=LAUNCH_EVENTS
-    ).order_by("at", "pk")
     return {
         "launches": [_shown(launch, is_holder=is_holder) for launch in launches],
         "offered": offered,
         "can_launch": can_launch,
         "starts_later": reservation.start > now,
-        "events": list(events[:50]),
+        "events": launch_events(reservation=reservation),
         "any_open": any(launch.is_open for launch in launches),
     }
 

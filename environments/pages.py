@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 
 from accounts.http import AuthenticatedHttpRequest
 from environments import services
-from environments.selectors import environments_offered, launches_visible
+from environments.selectors import ID_RE, environments_offered, launches_visible
 from kernel.api import DomainError
 from reservations import selectors
 from reservations.pages import back_to_next
@@ -23,7 +23,7 @@ def launch_create_page(request: AuthenticatedHttpRequest, pk: int) -> HttpRespon
     reservation = get_object_or_404(selectors.reservations_actionable(user=request.user), pk=pk)
     chosen = request.POST.get("environment", "")
     offered = environments_offered()
-    environment = offered.filter(pk=int(chosen)).first() if chosen.isdigit() and len(chosen) < 18 else None
+    environment = offered.filter(pk=int(chosen)).first() if ID_RE.fullmatch(chosen) else None
     if environment is None:
         messages.error(request, "Pick one of the environments listed.")
         return back_to_next(request)

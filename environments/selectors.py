@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -10,8 +11,17 @@ from django.db.models import QuerySet
 
 from environments.models import Environment, Launch
 from gpubook_agent import protocol
+from nodes.models import NodeEvent
+from reservations.models import Reservation
 
 GIB = 1024**3
+LAUNCH_EVENTS = (
+    NodeEvent.Kind.LAUNCH_STARTED,
+    NodeEvent.Kind.LAUNCH_EXITED,
+    NodeEvent.Kind.LAUNCH_STOPPED,
+    NodeEvent.Kind.LAUNCH_REFUSED,
+)
+ID_RE = re.compile(r"[0-9]{1,18}")  # an id as a form or a query gives it: ASCII digits only ("²" is a digit too)
 
 
 def lease_launches(*, reservation_ids: Iterable[int], now: datetime) -> Mapping[int, list[protocol.LaunchRequest]]:
@@ -50,3 +60,15 @@ def launches_visible(*, user: Any) -> QuerySet[Launch]:
 
 def environments_offered() -> QuerySet[Environment]:
     return Environment.objects.filter(enabled=True).order_by("name")
+
+
+def booking_launches(*, reservation: Reservation) -> list[Launch]:
+    return list(reservation.launches.select_related("environment").order_by("number"))
+
+
+def launch_events(*, reservation: Reservation, limit: int = 50) -> list[NodeEvent]:
+    """What the booking's node reported of its launches, oldest first."""
+    events = NodeEvent.objects.filter(
+        node_id=reservation.node_id, reservation_id=reservation.pk, kind__in=LAUNCH_EVENTS
+    ).order_by("at", "pk")
+    return list(events[:limit])

@@ -36,6 +36,8 @@ NODE_STATES = {
     "refused": State.REFUSED,
 }
 FINAL_STATES = frozenset({State.EXITED, State.STOPPED, State.REFUSED})
+# Launches one booking may have in all, running or ended: every one is a row, a log on the node and its events.
+MAX_LAUNCHES_PER_BOOKING = 20
 # How long after its booking's end a launch the node never reported ended is closed by the portal.
 OVERDUE = timedelta(minutes=10)
 # Reports only move a launch forward: a heartbeat sent before a change and delivered after it changes nothing.
@@ -60,6 +62,10 @@ def launch_create(*, user: Any, reservation: Reservation, environment: Environme
                 "an environment runs only within a live booking's slot."
             )
         launches = list(Launch.objects.filter(reservation=locked))
+        if len(launches) >= MAX_LAUNCHES_PER_BOOKING:
+            raise InvalidState(
+                f"Booking #{locked.pk} has had {len(launches)} launches, the most one booking may: book again for more."
+            )
         running = [launch for launch in launches if launch.is_open and launch.stop_requested_at is None]
         if len(running) >= MAX_LAUNCHES:
             raise InvalidState(
@@ -113,8 +119,10 @@ def launches_close_overdue(*, now: datetime) -> int:
     """Beat: launches still open in the portal OVERDUE after their booking ended (or stopped being live) are marked
     stopped. The node ends them at the slot's end whatever the portal knows; this is for a node that went silent
     or stopped before it could say so. Idempotent; returns how many were closed."""
+    # A booking cancelled or rejected early: its node says so within seconds, unless it is silent for OVERDUE.
+    silent = Q(reported_at__lte=now - OVERDUE) | Q(reported_at=None, requested_at__lte=now - OVERDUE)
     overdue = Launch.objects.filter(state__in=Launch.OPEN_STATES).filter(
-        Q(reservation__end__lte=now - OVERDUE) | ~Q(reservation__status__in=Reservation.LIVE_STATUSES)
+        Q(reservation__end__lte=now - OVERDUE) | (~Q(reservation__status__in=Reservation.LIVE_STATUSES) & silent)
     )
     return overdue.update(
         state=State.STOPPED,
@@ -132,7 +140,9 @@ def launches_record(*, node: Node, statuses: Iterable[Mapping[str, Any]], now: d
         return 0
     changed = 0
     with transaction.atomic():
-        launches = Launch.objects.select_for_update().filter(
+        # Only the launch rows (of=self): a join's FOR UPDATE would lock the bookings too, and a cancellation that
+        # holds its booking and then ends its launches would wait on us while we wait on it.
+        launches = Launch.objects.select_for_update(of=("self",)).filter(
             reservation__node=node, reservation_id__in={key[0] for key in by_key}
         )
         for launch in launches:
@@ -159,7 +169,8 @@ def _take(launch: Launch, item: Mapping[str, Any], now: datetime) -> bool:
     }
     if fields["token"]:  # the agent masks it already; an older or odd one must not show it to admins either
         fields["log_tail"] = str(fields["log_tail"]).replace(str(fields["token"]), "<token>")
-    if state in (State.RUNNING, *FINAL_STATES) and launch.started_at is None and state != State.REFUSED:
+    ran = state in (State.RUNNING, State.EXITED) or (state == State.STOPPED and launch.state != State.REQUESTED)
+    if ran and launch.started_at is None:
         fields["started_at"] = now
     if state in FINAL_STATES:
         fields["token"] = ""  # the notebook is gone: its key need not be kept

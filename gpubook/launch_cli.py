@@ -38,7 +38,7 @@ def cmd_launch(client: Client, args: argparse.Namespace) -> Any:
 
 def environment_id(client: Client, given: str) -> int:
     """The id given, or the id of the environment with that name (case does not matter)."""
-    if given.isdigit():
+    if given.isascii() and given.isdecimal():
         return int(given)
     environments = client.get_all("environments/")
     found = [item for item in environments if item["name"].casefold() == given.casefold()]

@@ -32,7 +32,7 @@ import subprocess
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 from gpubook_agent import cleanup, procfs
 from gpubook_agent.accounts import AccountCheck
@@ -118,9 +118,13 @@ class Supervisor:
             log_fd = os.open(log_path, flags, 0o600)  # root's alone; the agent writes what the command prints
             try:
                 process = self._unit(spec, account) if self.units else self._child(spec, account)
-            except OSError as error:
+            except (OSError, LaunchRefused) as error:
                 os.close(log_fd)
-                os.unlink(log_path)
+                for path in (log_path, log_path.removesuffix(".log") + ".env"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                if isinstance(error, LaunchRefused):
+                    raise
                 raise LaunchRefused(f"{spec.argv[0]} could not be started: {error.strerror}") from None
             launch = Launch(spec=spec, process=process, log_path=log_path)
             assert process.stdout is not None
@@ -138,7 +142,7 @@ class Supervisor:
             group=account.pw_gid,
             extra_groups=os.getgrouplist(account.pw_name, account.pw_gid),
             start_new_session=True,
-            cwd=account.pw_dir if os.path.isdir(account.pw_dir) else "/",
+            cwd=_home(account),
             env={**_environment(account, spec.env), MARKER: spec.name},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -150,14 +154,12 @@ class Supervisor:
         """The command in a transient systemd unit: systemd-run (as root) asks PID 1 to start it as the user, in a
         cgroup of its own outside the agent's, and waits for it, its output on our pipe. The environment goes in
         a root-only file systemd reads (a unit's Environment= is anyone's to read with systemctl show)."""
+        systemd_run = _systemd_run()
         env_path = os.path.join(self.log_dir, f"{spec.name}.env")
         env_fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(env_fd, "w") as env_file:
             for key, value in {**_environment(account, spec.env), MARKER: spec.name}.items():
                 env_file.write(f"{key}={_quoted(value)}\n")
-        systemd_run = shutil.which("systemd-run")
-        if systemd_run is None:
-            raise LaunchRefused("this node has no systemd-run, which LAUNCH_RUNNER=systemd asks for")
         return subprocess.Popen(  # noqa: S603 - an argument list, checked by start(); never a shell
             unit_argv(spec, account, systemd_run=systemd_run, env_file=env_path),
             start_new_session=True,
@@ -166,6 +168,40 @@ class Supervisor:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             close_fds=True,
+        )
+
+    def run_as(
+        self, account: pwd.struct_passwd, argv: list[str], *, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        """A short command as ``account`` (podman's image checks, pulls and stops), where its launches run: with
+        units, in a transient unit of its own (outside the agent's sandbox, whose NoNewPrivileges and read-only
+        homes rootless podman cannot work under), else as the agent's child. Its output, as text."""
+        environment = _environment(account, {})
+        if self.units:
+            argv = [
+                _systemd_run(),
+                f"--uid={account.pw_uid}",
+                f"--gid={account.pw_gid}",
+                f"--working-directory={_home(account)}",
+                "--service-type=exec",
+                "--collect",
+                "--quiet",
+                "--pipe",
+                *(f"--setenv={key}={value}" for key, value in environment.items()),  # no secrets among them
+                "--",
+                *argv,
+            ]
+            user: dict[str, Any] = {"env": {"PATH": PATH, "LANG": "C.UTF-8"}}
+        else:
+            user = {
+                "user": account.pw_uid,
+                "group": account.pw_gid,
+                "extra_groups": os.getgrouplist(account.pw_name, account.pw_gid),
+                "cwd": _home(account),
+                "env": environment,
+            }
+        return subprocess.run(  # noqa: S603 - an argument list; the account is one account() accepted
+            argv, **user, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, check=False
         )
 
     def poll(self) -> list[Launch]:
@@ -189,13 +225,37 @@ class Supervisor:
         # (Linux reuses no pid that is still a session's id).
         running = launch.process.poll() is None
         if self.units and running:
-            _stop_unit(name, grace)  # the whole cgroup: SIGTERM, TimeoutStopSec, SIGKILL; systemd-run then returns
+            stop_unit(name, grace)  # the whole cgroup: SIGTERM, TimeoutStopSec, SIGKILL; systemd-run then returns
         result = cleanup.terminate(family(launch.pid, reaped=not running), term_timeout=grace)
         launch.unkillable = result.unkillable
         launch.stopped = launch.stopped or running
         with contextlib.suppress(subprocess.TimeoutExpired):  # unkillable: the exit code comes with a later poll
             launch.exit_code = launch.process.wait(timeout=1)
         return launch
+
+    def exit_code(self, name: str) -> int | None:
+        """The launch's command's exit code once it has exited (and been reaped by poll, stop or this), else None."""
+        with self._lock:
+            launch = self._launches.get(name)
+        if launch is None:
+            return None
+        if launch.exit_code is None:
+            launch.exit_code = launch.process.poll()
+        return launch.exit_code
+
+    def clear_old_files(self) -> int:
+        """At the agent's start, before any launch: the logs and environment files an earlier run left (it knew
+        their launches; this run does not). Returns how many went."""
+        removed = 0
+        with self._lock:
+            known = set(self._launches)
+        for entry in os.scandir(self.log_dir):
+            name, _, suffix = entry.name.rpartition(".")
+            if suffix in ("log", "env") and name not in known and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed += 1
+        return removed
 
     def forget(self, name: str) -> None:
         """Drop an ended launch and its log (launches.py, an hour after it ended)."""
@@ -252,8 +312,8 @@ def _check(spec: LaunchSpec) -> None:
 def unit_argv(spec: LaunchSpec, account: pwd.struct_passwd, *, systemd_run: str, env_file: str) -> list[str]:
     """systemd-run's command line for a launch (systemd-run(1), systemd.exec(5), systemd.resource-control(5)): a
     transient service named as the launch, as the user, collected once it ends, with stdio on systemd-run's (which
-    waits for it and passes its exit status on), its limits as cgroup limits, and systemd's own end at the slot's
-    end plus the grace (RuntimeMaxSec; the agent stops it at the slot's end itself, the timer is the second line)."""
+    waits for it and passes its exit status on), its limits as cgroup limits, and systemd's own timer as a backstop
+    (RuntimeMaxSec, from launches.py: past the slot's end; the agent stops the unit at the slot's end itself)."""
     properties = [
         f"EnvironmentFile={env_file}",
         f"TimeoutStopSec={max(1, math.ceil(spec.grace_seconds))}",
@@ -275,7 +335,7 @@ def unit_argv(spec: LaunchSpec, account: pwd.struct_passwd, *, systemd_run: str,
         f"--unit={spec.name}",
         f"--uid={account.pw_uid}",
         f"--gid={account.pw_gid}",
-        f"--working-directory={account.pw_dir if os.path.isdir(account.pw_dir) else '/'}",
+        f"--working-directory={_home(account)}",
         "--service-type=exec",
         "--collect",
         "--quiet",
@@ -284,6 +344,18 @@ def unit_argv(spec: LaunchSpec, account: pwd.struct_passwd, *, systemd_run: str,
         "--",
         *spec.argv,
     ]
+
+
+def _systemd_run() -> str:
+    found = shutil.which("systemd-run")
+    if found is None:
+        raise LaunchRefused("this node has no systemd-run, which LAUNCH_RUNNER=systemd asks for")
+    return found
+
+
+def _home(account: pwd.struct_passwd) -> str:
+    """Where the user's commands start: their home, or / when it does not exist on this node."""
+    return account.pw_dir if os.path.isdir(account.pw_dir) else "/"
 
 
 def systemd_is_init(pid1: str = "/proc/1/comm") -> bool:
@@ -295,7 +367,8 @@ def systemd_is_init(pid1: str = "/proc/1/comm") -> bool:
         return False
 
 
-def _stop_unit(name: str, grace: float) -> None:
+def stop_unit(name: str, grace: float) -> None:
+    """``systemctl stop`` the launch's unit: SIGTERM to its whole cgroup, its TimeoutStopSec, SIGKILL."""
     systemctl = shutil.which("systemctl")
     if systemctl is None:
         return

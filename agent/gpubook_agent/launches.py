@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 from gpubook_agent import cleanup, procfs, protocol
 from gpubook_agent.config import AgentConfig
-from gpubook_agent.launcher import MARKER, LaunchRefused, LaunchSpec, Supervisor, family
+from gpubook_agent.launcher import MARKER, LaunchRefused, LaunchSpec, Supervisor, family, stop_unit
 from gpubook_agent.snapshot import LaunchOrder, Lease
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ STARTING, RUNNING, EXITED, STOPPED, REFUSED = "starting", "running", "exited", "
 KEEP_ENDED_SECONDS = 3600.0  # how long an ended launch stays in heartbeats (the portal has it long before)
 PASS_SECONDS = 1.0
 PULL_AHEAD = timedelta(hours=1)  # a container's image is pulled (as its user) this long before its slot starts
+RUNTIME_BACKSTOP = timedelta(days=1)  # a unit's RuntimeMaxSec runs this long past its slot's end as known
 PODMAN_TIMEOUT = 600.0  # a pull or an image check that takes longer is given up
 SHARED_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")  # open to everyone anyway
 CONTAINER_WORKDIR = "/work"
@@ -81,7 +82,7 @@ class Entry:
     number: int
     user: str
     order: LaunchOrder
-    end: datetime  # the lease's: a unit's RuntimeMaxSec runs to it (and the grace)
+    end: datetime  # the lease's when it started: a unit's RuntimeMaxSec is counted from it
     state: str = STARTING
     message: str = ""
     exit_code: int | None = None
@@ -101,7 +102,7 @@ class Entry:
 
 
 class Launches:
-    """The node's launches. ``step`` (any thread, one at a time) decides; starts and stops run on a small pool."""
+    """The node's launches. ``step`` (any thread, one at a time) decides; starts and stops run on pools of threads."""
 
     def __init__(
         self,
@@ -129,8 +130,11 @@ class Launches:
         self._step_lock = threading.Lock()
         # Starts and stops wait (a grace, a pull at the start): many side by side, so that a slot end that ends a
         # dozen launches ends each within its grace. Pulls ahead of slots go on their own, few at a time.
-        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agent-launch")
+        # Stops have their own pool, so a start that waits for its image never delays a slot's end.
+        self._starts = ThreadPoolExecutor(max_workers=8, thread_name_prefix="agent-launch")
+        self._stops = ThreadPoolExecutor(max_workers=32, thread_name_prefix="agent-stop")
         self._pulls = ThreadPoolExecutor(max_workers=2, thread_name_prefix="agent-pull")
+        self._images_at: dict[tuple[str, str], float] = {}  # when each was got ready: tried again an hour on
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -159,11 +163,13 @@ class Launches:
             for entry in entries:
                 if entry.state in (STARTING, RUNNING) and entry.name not in wanted and not entry.stopping:
                     entry.stopping = True
-                    self._pool.submit(self._guarded, self._stop_entry, entry, self._why_stopped(entry, now))
-            for launch in self.supervisor.poll():
-                exited = self._entries.get(launch.spec.name)
-                if exited is not None and not exited.stopping and exited.state == RUNNING:
-                    self._ended(exited, EXITED, launch.exit_code, f"exited with code {launch.exit_code}")
+                    self._stops.submit(self._guarded, self._stop_entry, entry, self._why_stopped(entry, now))
+            self.supervisor.poll()  # reaps what exited
+            for entry in entries:
+                # Each pass, not once per exit: one that exited before its start had marked it running counts too.
+                code = self.supervisor.exit_code(entry.name) if entry.state == RUNNING else None
+                if code is not None and not entry.stopping:
+                    self._ended(entry, EXITED, code, f"exited with code {code}")
             self._pending = self._prepare_upcoming(now) | pending
             self._forget_old()
 
@@ -181,6 +187,7 @@ class Launches:
                     continue
                 if key not in self._images:
                     self._images[key] = f"getting the image {order.image} ready ahead of the slot"
+                    self._images_at[key] = self.clock()
                     self._pulls.submit(self._guarded, self._pull_ahead, key)
                 said[(lease.reservation, order.number)] = key
         return said
@@ -212,7 +219,7 @@ class Launches:
         entry = Entry(reservation=lease.reservation, number=order.number, user=lease.user, order=order, end=lease.end)
         with self._lock:
             self._entries[name] = entry
-        self._pool.submit(self._guarded, self._start_entry, entry, files)
+        self._starts.submit(self._guarded, self._start_entry, entry, files)
 
     def _refuse(self, lease: Lease, order: LaunchOrder, problem: str) -> None:
         entry = Entry(reservation=lease.reservation, number=order.number, user=lease.user, order=order, end=lease.end)
@@ -226,12 +233,16 @@ class Launches:
             return "the booking ended (released or cancelled)"
         if lease.end <= now:
             return "the slot ended"
+        if any(refused.reservation == lease.reservation for refused, _ in self.leases.refused_leases(now)):
+            return "the node no longer takes the account"
         return "stopped from the portal"
 
     # -- doing ------------------------------------------------------------------------------------
 
     def _start_entry(self, entry: Entry, files: tuple[str, ...]) -> None:
         with entry.lock:
+            if entry.state != STARTING:
+                return  # its stop came first and said so
             if entry.stopping:
                 self._ended(entry, STOPPED, None, "stopped before it started")
                 return
@@ -315,40 +326,67 @@ class Launches:
             log.exception("launch job %s failed", job.__name__)
 
     def _forget_old(self) -> None:
+        """Ended launches an hour on, once their lease no longer lists them (else they would start again); image
+        checks an hour on (a pull that failed is tried again)."""
         horizon = self.clock() - KEEP_ENDED_SECONDS
         with self._lock:
-            old = [name for name, e in self._entries.items() if e.ended_at is not None and e.ended_at < horizon]
+            old = [
+                name
+                for name, entry in self._entries.items()
+                if entry.ended_at is not None and entry.ended_at < horizon and not self._listed(entry)
+            ]
             for name in old:
                 del self._entries[name]
         for name in old:
             self.supervisor.forget(name)
+        for key in [key for key, at in self._images_at.items() if at < horizon]:
+            self._images.pop(key, None)
+            self._images_at.pop(key, None)
+
+    def _listed(self, entry: Entry) -> bool:
+        lease = self.leases.lease_of(entry.reservation)
+        return lease is not None and any(order.number == entry.number for order in lease.launches)
 
     def end_leftovers(self) -> int:
-        """Before anything starts: end what an earlier run of the agent launched (its processes carry the launch's
-        MARKER; a container's monitor is found by its name). The launches of leases still active start again, afresh.
-        Returns how many launches were ended."""
-        found: dict[str, set[int]] = {}
+        """Before anything starts: end what an earlier run of the agent launched and left (after a kill -9, say).
+        Its processes carry the launch's MARKER, but anyone may set that variable: a marked process counts only
+        when the stored snapshot has that launch's lease and the process is the lease's user's, and only that
+        user's processes are ended (with a unit: the unit is stopped). A container's monitor is found by its name.
+        The launches of leases still active start again, afresh. Returns how many launches were ended."""
+        self.supervisor.clear_old_files()
+        found: dict[str, tuple[Lease, int, int, set[int]]] = {}
         for pid, name in procfs.marked_processes(MARKER):
-            ids = procfs.process_uids(pid) or (0,)
-            # Only what an ordinary account runs: anyone may set the variable, and a set-uid program keeps it.
-            if LEFTOVER_NAME_RE.match(name) and min(ids) >= self.supervisor.accounts.uid_min:
-                found.setdefault(name, set()).add(pid)
-        for name, pids in sorted(found.items()):
-            uids = {uid for pid in pids if (uid := procfs.process_uid(pid))}
+            owner = self._leftover_owner(name, pid)
+            if owner is not None:
+                found.setdefault(name, (*owner, set()))[3].add(pid)
+        for name, (lease, number, uid, pids) in sorted(found.items()):
+            if self.supervisor.units:
+                stop_unit(name, self.config.grace_seconds)
             members = {member for pid in pids for member in family(pid)}
-            members |= {member for uid in uids for monitor in conmon_pids(uid, name) for member in family(monitor)}
-            ended = cleanup.terminate(sorted(members), term_timeout=self.config.grace_seconds)
-            match = LEFTOVER_NAME_RE.match(name)
-            assert match is not None
+            members |= {member for monitor in conmon_pids(uid, name) for member in family(monitor)}
+            theirs = sorted(member for member in members if procfs.process_uid(member) == uid)
+            ended = cleanup.terminate(theirs, term_timeout=self.config.grace_seconds)
             self.report(
                 "launch_stopped",
-                reservation=int(match["reservation"]),
-                launch=int(match["number"]),
-                user=procfs.user_name(min(uids)) if uids else None,
+                reservation=lease.reservation,
+                launch=number,
+                user=lease.user,
                 message="left running by an earlier run of the agent: ended (it starts again while its slot lasts)"
                 + (f"; pids {', '.join(map(str, ended.unkillable))} could not be ended" if ended.unkillable else ""),
             )
         return len(found)
+
+    def _leftover_owner(self, name: str, pid: int) -> tuple[Lease, int, int] | None:
+        """The lease, launch number and uid a process marked ``name`` belongs to: the stored snapshot's lease lists
+        that launch and the process is its user's (an ordinary account). None: not a launch of ours."""
+        match = LEFTOVER_NAME_RE.match(name)
+        lease = self.leases.lease_of(int(match["reservation"])) if match else None
+        if match is None or lease is None or not any(o.number == int(match["number"]) for o in lease.launches):
+            return None
+        uid = procfs.uid_of(lease.user)
+        if uid is None or uid < self.supervisor.accounts.uid_min or procfs.process_uid(pid) != uid:
+            return None
+        return lease, int(match["number"]), uid
 
     # -- the command line ---------------------------------------------------------------------------
 
@@ -380,9 +418,12 @@ class Launches:
         )
 
     def _runtime_max(self, entry: Entry) -> int:
-        """Seconds from now to the lease's end and the grace: where a unit's own timer ends it."""
+        """A unit's own timer (RuntimeMaxSec): the lease's end as known now, the grace, and a day more. The agent
+        ends the launch at the slot's end itself; systemd cannot move a running unit's timer, and an extension
+        made meanwhile (the same booking, a later end) must not be cut short at the old end: the timer is the
+        backstop for an agent that is gone, not the slot's end."""
         left = (entry.end - datetime.now(entry.end.tzinfo)).total_seconds() + self.config.grace_seconds
-        return max(1, math.ceil(left))
+        return max(1, math.ceil(left + RUNTIME_BACKSTOP.total_seconds()))
 
     @staticmethod
     def _connection_env(entry: Entry) -> dict[str, str]:
@@ -405,37 +446,16 @@ class Launches:
             raise LaunchRefused("this node has no podman to run containers with")
         return podman
 
-    def _as_user(self, account: pwd.struct_passwd, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-        """A podman command as the launch's user (their own rootless storage), from an argument list."""
-        return subprocess.run(  # noqa: S603 - an argument list; the user is the lease's, checked by the supervisor
-            argv,
-            user=account.pw_uid,
-            group=account.pw_gid,
-            extra_groups=os.getgrouplist(account.pw_name, account.pw_gid),
-            cwd=account.pw_dir if os.path.isdir(account.pw_dir) else "/",
-            env={
-                "PATH": "/usr/local/bin:/usr/bin:/bin",
-                "HOME": account.pw_dir,
-                "USER": account.pw_name,
-                "LANG": "C.UTF-8",
-            },
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
     def _ensure_image(self, user: str, image: str, note: Callable[[str], None]) -> str:
         """The image in the user's own (rootless) storage, pulled as them if it is not there (``note`` says so
         meanwhile); what is the case now, in words. LaunchRefused when it cannot be had."""
         account = self.supervisor.account(user)
         podman = [self._podman(), *self.config.podman_options]
         try:
-            if self._as_user(account, [*podman, "image", "exists", image], 60).returncode == 0:
+            if self.supervisor.run_as(account, [*podman, "image", "exists", image], timeout=60).returncode == 0:
                 return f"the image {image} is on the node"
             note(f"pulling the image {image}")
-            pulled = self._as_user(account, [*podman, "pull", "--quiet", image], PODMAN_TIMEOUT)
+            pulled = self.supervisor.run_as(account, [*podman, "pull", "--quiet", image], timeout=PODMAN_TIMEOUT)
         except subprocess.TimeoutExpired:
             raise LaunchRefused(f"the image {image} could not be pulled in {PODMAN_TIMEOUT:.0f} s") from None
         if pulled.returncode != 0:
@@ -451,10 +471,10 @@ class Launches:
         """Ask podman to stop the container (SIGTERM, the grace, SIGKILL); what it leaves is ended after."""
         try:
             account = self.supervisor.account(entry.user)
-            self._as_user(
+            self.supervisor.run_as(
                 account,
                 [self._podman(), *self.config.podman_options, "stop", "--time", str(int(grace)), entry.name],
-                grace + 15,
+                timeout=grace + 15,
             )
         except (LaunchRefused, subprocess.TimeoutExpired, OSError) as error:
             log.warning("podman stop %s: %s; its processes are ended directly", entry.name, error)
@@ -538,8 +558,9 @@ class Launches:
         for entry in running:
             entry.stopping = True
         self._pulls.shutdown(wait=False, cancel_futures=True)
-        list(self._pool.map(lambda entry: self._guarded(self._stop_entry, entry, reason), running))
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._starts.shutdown(wait=False, cancel_futures=True)
+        list(self._stops.map(lambda entry: self._guarded(self._stop_entry, entry, reason), running))
+        self._stops.shutdown(wait=False, cancel_futures=True)
 
 
 def _waiting(reservation: int, number: int, message: str) -> protocol.LaunchStatus:

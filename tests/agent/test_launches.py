@@ -86,8 +86,9 @@ class LaunchNode:
         return fields
 
 
-def make_node(home: Path, **extra: str) -> LaunchNode:
-    config = simulated_node_config(home, grace=GRACE, **extra)
+def make_node(home: Path, config: AgentConfig | None = None, **extra: str) -> LaunchNode:
+    """A node under ``home``; ``config``: the same node again (an agent that restarted)."""
+    config = config or simulated_node_config(home, grace=GRACE, **extra)
     backend = open_backend("simulated", device_dir=config.device_dir, node_name=config.node_name, simulated_gpus=2)
     clock = Clock(T0 - timedelta(minutes=5))
     events: list[tuple[str, dict[str, Any]]] = []
@@ -217,7 +218,10 @@ def test_stopping_from_the_portal_and_a_lease_that_leaves_the_snapshot_end_what_
 def test_a_launch_that_exited_is_not_started_again(node, unix_users):
     node.offer([lease(unix_users[0].name, [node.gpus[0]], [command(1, "/bin/sh", "-c", "echo bye; exit 3")])])
     node.at(T0)
-    assert wait_for(lambda: node.launches.step(node.clock.now) or node.state() == "exited", timeout=10)
+    assert wait_for(
+        lambda: node.launches.step(node.clock.now) or (node.state() == "exited" and "bye" in node.status()["tail"]),
+        timeout=10,
+    )
     assert node.status()["exit_code"] == 3
     assert "bye" in node.status()["tail"]
 
@@ -419,8 +423,9 @@ def test_a_restarted_agent_ends_what_its_earlier_run_launched_before_starting_an
     first.at(T0)
     assert wait_for(lambda: first.state(1, 41) == "running", timeout=10)
     pid = pid_of(first, 1, 41)
-    # The agent dies: nothing ends its launch; a new run of it knows nothing of it.
-    restarted = make_node(home)
+    # The agent dies: nothing ends its launch; a new run of it knows nothing of it but the stored snapshot.
+    restarted = make_node(home, first.config)
+    restarted.enforcer.restore()
 
     assert restarted.launches.end_leftovers() == 1
 
@@ -453,3 +458,22 @@ def test_images_are_got_ready_ahead_of_the_slot_and_a_missing_one_is_said(home, 
 def _settled(node: LaunchNode) -> bool:
     messages = [status["message"] for status in node.launches.statuses()]
     return len(messages) == 3 and not any("ready ahead" in m or m.startswith("pulling") for m in messages)
+
+
+def test_a_forged_launch_marker_gets_nobody_elses_processes_ended(home, unix_users):
+    owner, other = unix_users[0], unix_users[1]
+    node = make_node(home)
+    node.offer([lease(owner.name, [node.gpus[0]], [command(1, *SLEEPER)], reservation=42)])
+    node.enforcer.restore()
+    # The other user marks a process of theirs as the owner's launch, hoping a restarted agent ends it for them
+    # and reports it on the owner's booking.
+    forged = subprocess.Popen(
+        ["/bin/sleep", "60"], user=other.uid, group=other.gid, env={"GPUBOOK_LAUNCH": "gpubook-42-1"}
+    )
+    try:
+        assert node.launches.end_leftovers() == 0
+        assert forged.poll() is None
+        assert node.kinds() == []
+    finally:
+        forged.kill()
+        forged.wait()

@@ -10,7 +10,7 @@ from django.test import Client
 from django.utils import timezone
 
 from environments.models import Environment, Launch
-from environments.services import launches_close_overdue
+from environments.services import MAX_LAUNCHES_PER_BOOKING, launches_close_overdue
 from gpubook_agent import protocol
 from gpubook_agent.snapshot import parse_snapshot
 from nodes.models import Node
@@ -307,3 +307,33 @@ def test_admins_see_launches_in_django_admin_without_their_token_and_stop_them_t
 
     launched.refresh_from_db()
     assert launched.stop_requested_by == carol
+
+
+def test_a_cancelled_bookings_launch_waits_for_its_nodes_word_before_the_portal_closes_it(
+    alice, carol, gpus, node, notebook
+):
+    later = reservation_create(user=alice, gpus=gpus[2:3], start=at(0), end=at(4))
+    launch(alice, later, notebook)
+    heartbeat(node, [status(later)])  # running, reported at 09:00
+    reservation_cancel(reservation=later, actor=carol)  # an admin may cancel a running booking
+
+    assert launches_close_overdue(now=at(0.05)) == 0  # the node says "stopped" within seconds, with its exit code
+    assert launches_close_overdue(now=at(0.25)) == 1  # it stayed silent
+
+
+def test_a_booking_has_at_most_so_many_launches_in_all(alice, node, running, notebook):
+    for _ in range(MAX_LAUNCHES_PER_BOOKING):
+        created = launch(alice, running, notebook).json()
+        client_for(alice).post(f"{LAUNCHES}{created['id']}/stop/")
+    refused = launch(alice, running, notebook)
+    assert refused.status_code == 409
+    assert f"has had {MAX_LAUNCHES_PER_BOOKING} launches" in refused.json()["error"]["message"]
+
+
+def test_an_id_that_is_not_plain_digits_is_a_400_not_a_500(alice, running, notebook):
+    assert client_for(alice).get(LAUNCHES, {"reservation": "²"}).status_code == 400
+    page = Client()
+    page.force_login(alice)
+    here = f"/reservations/{running.pk}/"
+    response = page.post(f"{here}environments/launch/", {"environment": "²", "next": here}, follow=True)
+    assert "Pick one of the environments listed." in response.content.decode()
