@@ -38,8 +38,10 @@ class GpuInline(admin.TabularInline):
 
 @admin.register(Node)
 class NodeAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ("name", "hostname", "status", "requires_approval", "gpu_count", "idle_power_cap", "agent")
-    list_filter = ("status", "requires_approval")
+    list_display = (
+        "name", "hostname", "status", "manager", "requires_approval", "gpu_count", "idle_power_cap", "agent"
+    )  # fmt: skip
+    list_filter = ("status", "manager", "requires_approval")
     search_fields = ("name", "hostname", "description")
     inlines = [GpuInline]
     actions = ["issue_agent_credentials"]

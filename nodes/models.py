@@ -42,6 +42,17 @@ class Node(models.Model):
     requires_approval = models.BooleanField(
         default=False, help_text="Every booking on this node waits for an admin's approval."
     )
+
+    class Manager(models.TextChoices):
+        AGENT = "agent", "Our node agent (ACLs on the GPUs)"
+        SLURM = "slurm", "Slurm (each booking an advance reservation)"
+
+    manager = models.CharField(
+        max_length=8,
+        choices=Manager.choices,
+        default=Manager.AGENT,
+        help_text="Who enforces bookings here: our agent, or the Slurm cluster the node belongs to (docs/slurm.md).",
+    )
     # The agent's credentials: the secret signs lease snapshots (HMAC), the token authenticates its
     # reports (only a hash is kept). Both are shown once, by `manage.py register_node`.
     lease_secret = models.CharField(max_length=128, default=_new_secret, editable=False)

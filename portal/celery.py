@@ -74,6 +74,9 @@ app.conf.beat_schedule = {
         "schedule": 300.0,
         "options": {"expires": 290},
     },
+    # Slurm clusters: the portal's advance reservations follow its bookings (slurm/reconcile.py; idempotent, and
+    # a controller out of reach changes nothing).
+    "slurm-reconcile": {"task": "slurm.reconcile", "schedule": 60.0, "options": {"expires": 55}},
     # Agent events past NODE_EVENTS_KEEP_DAYS go (idempotent: deletes by age, in batches).
     "prune-node-events": {"task": "nodes.prune_events", "schedule": 3600.0, "options": {"expires": 3000}},
 }

@@ -94,6 +94,7 @@ INSTALLED_APPS = [
     "feeds",
     "alerts",
     "environments",
+    "slurm",
     "fairshare",
     "waitlist",
     "metrics",
@@ -557,6 +558,11 @@ AVAILABILITY_PACK_NODES = envbool("AVAILABILITY_PACK_NODES", False)
 # The suggestions rank free slots by how busy those hours of the week were over this many past weeks.
 SUGGEST_HISTORY_WEEKS = envint("SUGGEST_HISTORY_WEEKS", 8)
 BOOKING_LOCK_TIMEOUT_MS = envint("BOOKING_LOCK_TIMEOUT_MS", 10_000)
+# Slurm clusters (docs/slurm.md): how to run scontrol, an argument list as a shell would split it (never run by
+# one), e.g. "ssh -- slurm-ctl scontrol" for a controller elsewhere; and how long before a booking's start its
+# reservation is made in Slurm (0: as soon as it is approved).
+SLURM_SCONTROL = envstr("SLURM_SCONTROL", "scontrol")
+SLURM_RESERVATION_LEAD_HOURS = envint("SLURM_RESERVATION_LEAD_HOURS", 0)
 BOOKING_PURPOSE_MAX_LENGTH = 500
 # Site ceilings for researchers' bookings and extensions, applied wherever no Limit row (site,
 # group or user) sets that field: without them a fresh portal let anyone book a GPU until the year

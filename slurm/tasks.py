@@ -1,0 +1,32 @@
+"""Celery tasks of the Slurm link."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.utils import timezone
+
+from slurm.scontrol import SlurmError
+from slurm.services import slurm_reconcile
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="slurm.reconcile", ignore_result=True)
+def reconcile() -> dict[str, int] | None:
+    """Beat, every minute, and after each change of a booking on a Slurm node: idempotent. An unreachable
+    controller is logged and changes nothing; the next pass catches up."""
+    try:
+        done = slurm_reconcile(now=timezone.now())
+    except SlurmError as error:
+        log.warning("the Slurm controller could not be reached: %s; the next pass catches up", error)
+        return None
+    if done is None:
+        return None
+    return {
+        "created": len(done.created),
+        "updated": len(done.updated),
+        "deleted": len(done.deleted),
+        "refused": len(done.refused),
+    }

@@ -1,0 +1,167 @@
+"""A real one-node Slurm cluster for the tests (issue 23): Debian's munge, slurmctld and slurmd, started as root in
+a directory of their own, on free ports, with four stand-in GPUs as GRES (placeholder files; Slurm only counts
+them). Clients reach it through SLURM_CONF, which the portal's SLURM_SCONTROL passes with ``env``.
+"""
+
+# The tests run fixed argument lists of the cluster's own programs (never a shell).
+# ruff: noqa: S603
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/scontrol", "/usr/bin/srun")
+
+
+def unavailable() -> str | None:
+    """Why no cluster can run here, or None."""
+    if os.geteuid() != 0:
+        return "the Slurm daemons run as root"
+    missing = [path for path in DAEMONS if not os.path.exists(path)]
+    if missing:
+        return f"{', '.join(missing)} missing: scripts/services installs slurmctld, slurmd, slurm-client and munge"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class LocalSlurm:
+    def __init__(self, gpus: int = 4, gpu_type: str = "a100") -> None:
+        self.home = Path(tempfile.mkdtemp(prefix="gpbt-slurm-", dir="/tmp"))
+        self.home.chmod(0o755)  # users' srun reaches the config and munge's socket
+        self.node = socket.gethostname().split(".")[0]
+        self.conf = self.home / "slurm.conf"
+        self.munge_socket = self.home / "munge" / "munge.socket"
+        self.gpus, self.gpu_type = gpus, gpu_type
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    @property
+    def scontrol_setting(self) -> str:
+        """SLURM_SCONTROL for the portal: scontrol, told where this cluster's configuration is."""
+        return f"env SLURM_CONF={self.conf} scontrol"
+
+    def start(self) -> None:
+        for sub in ("munge", "state", "spool", "log", "dev"):
+            (self.home / sub).mkdir()
+        (self.home / "munge").chmod(0o755)
+        key = self.home / "munge" / "munge.key"
+        key.write_bytes(secrets.token_bytes(1024))
+        key.chmod(0o600)
+        for index in range(self.gpus):
+            (self.home / "dev" / f"gpu{index}").touch()
+        subprocess.run(
+            [
+                "/usr/sbin/munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
+                f"--log-file={self.home / 'log' / 'munged.log'}", f"--pid-file={self.home / 'munge' / 'munged.pid'}",
+                f"--seed-file={self.home / 'munge' / 'seed'}",
+            ],
+            check=True,
+        )  # fmt: skip
+        self.conf.write_text(self._config())
+        (self.home / "gres.conf").write_text(
+            f"NodeName={self.node} Name=gpu Type={self.gpu_type} File={self.home}/dev/gpu[0-{self.gpus - 1}]\n"
+        )
+        self.start_controller()
+        subprocess.run(["/usr/sbin/slurmd", "-f", str(self.conf)], check=True, env=self.env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            state = self.scontrol("show", "node", self.node, check=False)
+            if "State=IDLE" in state:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"the node did not come up:\n{state}\n{self.logs()}")
+
+    def start_controller(self) -> None:
+        subprocess.run(["/usr/sbin/slurmctld", "-f", str(self.conf)], check=True, env=self.env)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "Slurmctld(primary) at" not in self.scontrol("ping", check=False):
+            time.sleep(0.2)
+
+    def stop_controller(self) -> None:
+        pid = int((self.home / "slurmctld.pid").read_text())
+        os.kill(pid, 9)
+        while os.path.exists(f"/proc/{pid}"):
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.scontrol("shutdown", check=False)
+        for pid_file in ("slurmctld.pid", "slurmd.pid", "munge/munged.pid"):
+            path = self.home / pid_file
+            if path.exists():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(path.read_text().strip()), 9)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def scontrol(self, *arguments: str, check: bool = True) -> str:
+        done = subprocess.run(
+            ["/usr/bin/scontrol", *arguments], capture_output=True, text=True, env=self.env, timeout=30, check=False
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"scontrol {' '.join(arguments)}: {done.stderr}")
+        return done.stdout + done.stderr
+
+    def srun(self, user: str, *arguments: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """``srun`` as ``user`` (a unix account), from /tmp."""
+        return subprocess.run(
+            ["/usr/bin/srun", *arguments],
+            user=user,
+            cwd="/tmp",  # noqa: S108 - a directory every account may enter
+            capture_output=True,
+            text=True,
+            env={"PATH": "/usr/bin:/bin", "SLURM_CONF": str(self.conf)},
+            timeout=timeout,
+            check=False,
+        )
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {path.name}\n{path.read_text()[-3000:]}" for path in sorted((self.home / "log").glob("*.log"))
+        )
+
+    def _config(self) -> str:
+        home = self.home
+        return "\n".join(
+            [
+                "ClusterName=gpubooktest",
+                f"SlurmctldHost={self.node}(127.0.0.1)",
+                f"SlurmctldPort={free_port()}",
+                f"SlurmdPort={free_port()}",
+                "AuthType=auth/munge",
+                f"AuthInfo=socket={self.munge_socket}",
+                "CredType=cred/munge",
+                "SlurmUser=root",
+                "SlurmdUser=root",
+                f"StateSaveLocation={home}/state",
+                f"SlurmdSpoolDir={home}/spool",
+                f"SlurmctldPidFile={home}/slurmctld.pid",
+                f"SlurmdPidFile={home}/slurmd.pid",
+                f"SlurmctldLogFile={home}/log/slurmctld.log",
+                f"SlurmdLogFile={home}/log/slurmd.log",
+                "ProctrackType=proctrack/linuxproc",
+                "TaskPlugin=task/none",
+                "SchedulerType=sched/backfill",
+                "SelectType=select/cons_tres",
+                "SelectTypeParameters=CR_Core",
+                "GresTypes=gpu",
+                "ReturnToService=2",
+                "MpiDefault=none",
+                "JobAcctGatherType=jobacct_gather/none",
+                "AccountingStorageType=accounting_storage/none",
+                f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} RealMemory=1000 "
+                f"Gres=gpu:{self.gpu_type}:{self.gpus} State=UNKNOWN",
+                "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+                "",
+            ]
+        )

@@ -1,0 +1,47 @@
+"""Reading scontrol's one-line records (slurm/scontrol.py) as Slurm 22.05 writes them (recorded from the test
+cluster: tests/slurm/cluster.py), and refusing to send Slurm a value that could become another setting."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from slurm.scontrol import SlurmError, SlurmReservation, _settings, node_from, parse_line, reservation_from
+
+NODE = (
+    "NodeName=vm Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=1.33 AvailableFeatures=(null) "
+    "ActiveFeatures=(null) Gres=gpu:a100:4 NodeAddr=127.0.0.1 NodeHostName=vm Version=22.05.8 OS=Linux 6.18.44 #1 SMP "
+    "PREEMPT_DYNAMIC @0  RealMemory=1000 AllocMem=0 FreeMem=22353 Sockets=2 Boards=1 State=IDLE+DRAIN ThreadsPerCore=1 "
+    "Reason=fan failure [root@2026-12-06T06:50:52]"
+)
+RESERVATION = (
+    "ReservationName=gpubook-1 StartTime=2026-12-06T06:50:59 EndTime=2026-12-06T07:00:59 Duration=00:10:00 Nodes=vm "
+    "NodeCnt=1 CoreCnt=2 Features=(null) PartitionName=(null) Flags=SPEC_NODES,MAGNETIC TRES=cpu=2 Users=alice "
+    "Groups=(null) Accounts=(null) Licenses=(null) State=ACTIVE BurstBuffer=(null) Watts=n/a MaxStartDelay=(null)"
+)
+
+
+def test_a_value_may_hold_spaces_and_runs_to_the_next_key():
+    record = parse_line(NODE)
+    assert record["OS"] == "Linux 6.18.44 #1 SMP PREEMPT_DYNAMIC @0"
+    assert record["Reason"] == "fan failure [root@2026-12-06T06:50:52]"
+    node = node_from(record)
+    assert (node.name, node.gpu_type, node.gpu_count, node.state) == ("vm", "a100", 4, "IDLE")
+
+
+def test_a_reservation_is_read_with_its_users_flags_and_times():
+    reservation = reservation_from(parse_line(RESERVATION))
+    assert reservation.users == ("alice",) and reservation.flags == ("SPEC_NODES", "MAGNETIC")
+    assert reservation.start == datetime(2026, 12, 6, 6, 50, 59, tzinfo=UTC) and reservation.is_ours
+
+
+@pytest.mark.parametrize(
+    "field",
+    [{"users": ("alice Flags=IGNORE_JOBS",)}, {"nodes": "vm Users=root"}, {"name": "maint"}, {"users": ("a,b",)}],
+)
+def test_nothing_that_could_become_another_setting_is_sent(field):
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    values = {"name": "gpubook-1", "users": ("alice",), "start": at, "end": at, "nodes": "vm", "flags": (), "tres": ""}
+    with pytest.raises(SlurmError, match="refused to send Slurm"):
+        _settings(SlurmReservation(**{**values, **field}))
