@@ -91,6 +91,12 @@ class Node(models.Model):
         return self.name
 
     @property
+    def books_whole(self) -> bool:
+        """Whether a booking here takes every GPU of the node: Slurm 22.05 reserves whole nodes only (it refuses
+        GPU TRES in reservations; docs/slurm.md), so the portal books them whole rather than pretend."""
+        return self.manager == self.Manager.SLURM
+
+    @property
     def is_bookable(self) -> bool:
         return self.status == self.Status.ACTIVE
 

@@ -78,14 +78,22 @@ def calendar_resources(*, node: Node | None = None) -> list[dict[str, Any]]:
             if row["extendedProps"]["gpu"] in slices:
                 row["children"] = slices[row["extendedProps"]["gpu"]]
     resources = []
-    for pk, name, status in nodes.values_list("pk", "name", "status"):
+    for pk, name, status, manager in nodes.values_list("pk", "name", "status", "manager"):
         active = status == Node.Status.ACTIVE
+        whole = manager == Node.Manager.SLURM  # Node.books_whole
         title = name if active else f"{name} ({Node.Status(status).label.lower()})"
+        title += " (Slurm: booked whole)" if whole else ""
         resources.append(
             {
                 "id": f"node-{pk}",
                 "title": title,
-                "extendedProps": {"kind": "node", "node": name, "status": status, "bookable": active},
+                "extendedProps": {
+                    "kind": "node",
+                    "node": name,
+                    "status": status,
+                    "bookable": active,
+                    "whole_node": whole,
+                },
                 "children": children.get(pk, []),
             }
         )

@@ -485,6 +485,14 @@ def _bookable_node(gpus: list[Gpu]) -> Node:
     unbookable = [str(gpu) for gpu in gpus if not _unit_bookable(gpu)]
     if unbookable:
         raise InvalidBooking(f"{', '.join(unbookable)} cannot be booked right now.", field="gpus")
+    if node.books_whole:
+        every = list(Gpu.objects.filter(node=node, parent=None, bookable=True).order_by("index"))
+        if {gpu.pk for gpu in gpus} != {gpu.pk for gpu in every}:
+            raise InvalidBooking(
+                f"Node {node.name} is managed by Slurm, which reserves whole nodes: book all its {len(every)} GPUs "
+                f"(ids {', '.join(str(gpu.pk) for gpu in every)}), which count as {len(every)} in your limits.",
+                field="gpus",
+            )
     return node
 
 

@@ -10,6 +10,7 @@ from django.dispatch import receiver
 from nodes.models import Node
 from reservations.models import Reservation
 from reservations.signals import reservation_changed
+from slurm.tasks import reconcile
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +20,6 @@ def reconcile_soon(sender: type, reservation: Reservation, **kwargs: Any) -> Non
     """A booking on a Slurm node changed: its reservation follows within moments rather than at beat's minute."""
     if reservation.node.manager != Node.Manager.SLURM:
         return
-    from slurm.tasks import reconcile
 
     try:
         reconcile.apply_async(expires=60)

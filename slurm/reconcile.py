@@ -8,7 +8,7 @@ cannot be reached changes nothing (the bookings stand; the next pass catches up)
 (overlapping an operator's maintenance, say) is recorded with Slurm's words for the admins and the holder.
 
 Slurm 22.05 (Debian 12) cannot reserve single GPUs ("TRES type 'gres/gpu' not supported with reservations"):
-a booking's reservation holds its whole node. Whole-node booking rules on the portal's side come in a later step.
+a booking's reservation holds its whole node, and the booking service books such a node whole (Node.books_whole).
 """
 
 from __future__ import annotations

@@ -49,7 +49,9 @@ def test_rows_are_nodes_with_their_gpus_as_children(alice, node, gpus):
     assert [row["title"] for row in data["resources"]] == ["gpu-a100", "gpu-h100"]
     a100 = data["resources"][0]
     assert a100["id"] == f"node-{node.pk}"
-    assert a100["extendedProps"] == {"kind": "node", "node": "gpu-a100", "status": "active", "bookable": True}
+    assert a100["extendedProps"] == {
+        "kind": "node", "node": "gpu-a100", "status": "active", "bookable": True, "whole_node": False
+    }  # fmt: skip
     assert [child["id"] for child in a100["children"]] == [f"gpu-{gpu.pk}" for gpu in gpus]
     assert a100["children"][0]["title"] == "GPU 0 · A100-SXM4 80 GB"
     assert a100["children"][0]["extendedProps"] == {

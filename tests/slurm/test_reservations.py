@@ -72,7 +72,7 @@ def test_an_approved_booking_becomes_a_reservation_its_holders_jobs_run_in_and_n
     holder, other = (UserFactory(username=name) for name in slurm_accounts)
     start = grid_now()
     booking = reservation_create(
-        user=holder, gpus=list(slurm_node.gpus.all()[:1]), start=start, end=start + timedelta(hours=2)
+        user=holder, gpus=list(slurm_node.gpus.all()), start=start, end=start + timedelta(hours=2)
     )
 
     done = slurm_reconcile(now=timezone.now())
@@ -99,7 +99,7 @@ def test_an_approved_booking_becomes_a_reservation_its_holders_jobs_run_in_and_n
 def test_cancel_removes_it_and_extend_moves_its_end(cluster, slurm_node, slurm_accounts):
     holder = UserFactory(username=slurm_accounts[0])
     start = grid_now() + timedelta(hours=3)
-    gpus = list(slurm_node.gpus.all()[:1])
+    gpus = list(slurm_node.gpus.all())
     later = reservation_create(user=holder, gpus=gpus, start=start, end=start + timedelta(hours=1))
     slurm_reconcile(now=timezone.now())
     assert f"StartTime={start.astimezone(UTC):%Y-%m-%dT%H:%M:%S}" in ours(cluster)[reservation_name(later.pk)]
@@ -128,7 +128,7 @@ def test_an_operators_reservation_is_left_alone_and_one_slurm_refuses_is_recorde
         f"StartTime={start.astimezone(UTC):%Y-%m-%dT%H:%M:%S}", "Duration=120",
     )  # fmt: skip
     clash = reservation_create(
-        user=holder, gpus=list(slurm_node.gpus.all()[:1]), start=start, end=start + timedelta(hours=1)
+        user=holder, gpus=list(slurm_node.gpus.all()), start=start, end=start + timedelta(hours=1)
     )
 
     done = slurm_reconcile(now=timezone.now())
@@ -148,7 +148,7 @@ def test_a_controller_out_of_reach_changes_nothing_and_the_next_pass_catches_up(
     cluster.stop_controller()
     try:
         booking = reservation_create(
-            user=holder, gpus=list(slurm_node.gpus.all()[:1]), start=start, end=start + timedelta(hours=1)
+            user=holder, gpus=list(slurm_node.gpus.all()), start=start, end=start + timedelta(hours=1)
         )  # the booking commits whatever Slurm's state
         with pytest.raises(SlurmError):
             slurm_reconcile(now=timezone.now())
@@ -170,7 +170,7 @@ def test_the_booking_page_says_how_to_use_the_reservation_and_when_slurm_refused
     holder = UserFactory(username=slurm_accounts[0])
     start = grid_now() + timedelta(hours=12)
     booking = reservation_create(
-        user=holder, gpus=list(slurm_node.gpus.all()[:1]), start=start, end=start + timedelta(hours=1)
+        user=holder, gpus=list(slurm_node.gpus.all()), start=start, end=start + timedelta(hours=1)
     )
     client.force_login(holder)
     page = f"/reservations/{booking.pk}/"
