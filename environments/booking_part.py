@@ -8,6 +8,7 @@ from typing import Any
 
 from environments.models import Launch
 from environments.selectors import booking_launches, environments_offered, launch_events
+from nodes.models import Node
 from reservations.models import Reservation
 
 
@@ -15,7 +16,8 @@ def reservation_launches(*, reservation: Reservation, viewer: Any, now: datetime
     """What the part shows; None (no part) when there is nothing to launch and nothing launched."""
     is_holder = reservation.user_id == viewer.pk
     launches = booking_launches(reservation=reservation)
-    can_launch = is_holder and reservation.is_live and reservation.end > now
+    agent = reservation.node.manager == Node.Manager.AGENT  # a Slurm node runs jobs, not launches
+    can_launch = is_holder and reservation.is_live and reservation.end > now and agent
     offered = list(environments_offered()) if can_launch else []
     if not launches and not offered:
         return None

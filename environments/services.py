@@ -54,6 +54,11 @@ def launch_create(*, user: Any, reservation: Reservation, environment: Environme
         )
     if not environment.enabled:
         raise InvalidBooking(f"The environment {environment.name!r} is switched off: pick another one.")
+    if reservation.node.manager != Node.Manager.AGENT:
+        raise InvalidState(
+            f"Node {reservation.node.name} is managed by Slurm: run your environment as a Slurm job in the booking's "
+            "reservation (its page says how); launches run where the portal's agent runs."
+        )
     with transaction.atomic():
         locked = Reservation.objects.select_for_update().get(pk=reservation.pk)  # numbers launches one at a time
         if locked.status not in Reservation.LIVE_STATUSES or locked.end <= now:

@@ -337,3 +337,15 @@ def test_an_id_that_is_not_plain_digits_is_a_400_not_a_500(alice, running, noteb
     here = f"/reservations/{running.pk}/"
     response = page.post(f"{here}environments/launch/", {"environment": "²", "next": here}, follow=True)
     assert "Pick one of the environments listed." in response.content.decode()
+
+
+def test_a_booking_on_a_slurm_node_launches_nothing_and_says_where_to_run_instead(alice, notebook):
+    slurm = node_with_gpus(2, name="slurm-a100")
+    Node.objects.filter(pk=slurm.pk).update(manager=Node.Manager.SLURM)
+    booking = reservation_create(user=alice, gpus=list(slurm.gpus.all()), start=at(0), end=at(2))
+
+    refused = launch(alice, booking, notebook)
+
+    assert refused.status_code == 409
+    assert "managed by Slurm: run your environment as a Slurm job" in refused.json()["error"]["message"]
+    assert not Launch.objects.exists()
