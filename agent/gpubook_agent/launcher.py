@@ -178,19 +178,8 @@ class Supervisor:
         homes rootless podman cannot work under), else as the agent's child. Its output, as text."""
         environment = _environment(account, {})
         if self.units:
-            argv = [
-                _systemd_run(),
-                f"--uid={account.pw_uid}",
-                f"--gid={account.pw_gid}",
-                f"--working-directory={_home(account)}",
-                "--service-type=exec",
-                "--collect",
-                "--quiet",
-                "--pipe",
-                *(f"--setenv={key}={value}" for key, value in environment.items()),  # no secrets among them
-                "--",
-                *argv,
-            ]
+            setenv = [f"--setenv={key}={value}" for key, value in environment.items()]  # no secrets among them
+            argv = [*_as_unit(_systemd_run(), account), *setenv, "--", *argv]
             user: dict[str, Any] = {"env": {"PATH": PATH, "LANG": "C.UTF-8"}}
         else:
             user = {
@@ -331,8 +320,19 @@ def unit_argv(spec: LaunchSpec, account: pwd.struct_passwd, *, systemd_run: str,
     if spec.delegate:
         properties.append("Delegate=yes")
     return [
+        *_as_unit(systemd_run, account, name=spec.name),
+        *(f"--property={item}" for item in properties),
+        "--",
+        *spec.argv,
+    ]
+
+
+def _as_unit(systemd_run: str, account: pwd.struct_passwd, *, name: str | None = None) -> list[str]:
+    """systemd-run's options for a transient service as ``account``, waited for, its stdio on systemd-run's, gone
+    once it ends (named ``name``, else as systemd picks)."""
+    return [
         systemd_run,
-        f"--unit={spec.name}",
+        *([f"--unit={name}"] if name else []),
         f"--uid={account.pw_uid}",
         f"--gid={account.pw_gid}",
         f"--working-directory={_home(account)}",
@@ -340,9 +340,6 @@ def unit_argv(spec: LaunchSpec, account: pwd.struct_passwd, *, systemd_run: str,
         "--collect",
         "--quiet",
         "--pipe",
-        *(f"--property={item}" for item in properties),
-        "--",
-        *spec.argv,
     ]
 
 
