@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
+from nodes.models import Node
 from reservations.models import Allocation, Reservation
 from slurm.models import SlurmReservation
 from slurm.scontrol import RESERVATION_PREFIX, Scontrol, SlurmError
@@ -42,7 +43,7 @@ def reservation_name(reservation_id: int) -> str:
 def wanted_reservations(*, now: datetime) -> dict[str, tuple[int, Wanted]]:
     """Name -> (booking id, the reservation Slurm should hold), for every booking on a Slurm node it should hold."""
     bookings = Reservation.objects.filter(
-        status=Reservation.Status.APPROVED, node__manager="slurm", end__gt=now, user__is_active=True
+        status=Reservation.Status.APPROVED, node__manager=Node.Manager.SLURM, end__gt=now, user__is_active=True
     ).select_related("node", "user")
     lead = settings.SLURM_RESERVATION_LEAD_HOURS
     if lead:
