@@ -267,8 +267,9 @@ def test_a_notebook_gets_a_free_loopback_port_and_its_own_token_which_its_output
         "import os\n"
         "same = (os.environ['GPUBOOK_PORT'], os.environ['GPUBOOK_TOKEN'], os.environ['JUPYTER_TOKEN']) == "
         "(str(port), token, token)\n"
+        "server = http.server.HTTPServer(('127.0.0.1', port), http.server.SimpleHTTPRequestHandler)\n"
         "print(f'serving at http://127.0.0.1:{port}/?token={token}; environment agrees: {same}', flush=True)\n"
-        "http.server.HTTPServer(('127.0.0.1', port), http.server.SimpleHTTPRequestHandler).serve_forever()\n"
+        "server.serve_forever()\n"
     )
     node.offer(
         [lease(unix_users[0].name, [node.gpus[0]], [command(1, user_python, "-I", "-c", server, "{port}", "{token}")])]

@@ -28,6 +28,7 @@ def change_form(node: Node, **changes: object) -> dict[str, object]:
         "hostname": node.hostname,
         "description": node.description,
         "status": node.status,
+        "manager": node.manager,
         "idle_power_limit_pct": "" if node.idle_power_limit_pct is None else node.idle_power_limit_pct,
         "gpus-TOTAL_FORMS": 0,
         "gpus-INITIAL_FORMS": 0,
