@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from kernel.locks import advisory_xact_lock
-from nodes.models import Gpu, Node
+from nodes.models import Gpu, Node, validate_node_name
 from slurm.reconcile import Pass, reconcile
 from slurm.scontrol import Scontrol, SlurmNode
 
@@ -43,7 +44,12 @@ def slurm_nodes_import(*, scontrol: Scontrol) -> Imported:
     for slurm_node in scontrol.nodes():
         if not slurm_node.gpu_count:
             continue
-        existing = Node.objects.filter(name=slurm_node.name.lower()).first()
+        try:  # reservations name the node as Slurm does, so the portal's node must have that very name
+            validate_node_name(slurm_node.name)
+        except ValidationError as refused:
+            done.skipped[slurm_node.name] = f"not a node name the portal takes: {refused.messages[0]}"
+            continue
+        existing = Node.objects.filter(name=slurm_node.name).first()
         if existing is not None and existing.manager != Node.Manager.SLURM:
             done.skipped[slurm_node.name] = "a node of that name is managed by the portal's agent"
             continue
@@ -57,7 +63,7 @@ def _import_one(slurm_node: SlurmNode, node: Node | None) -> None:
     status = Node.Status.MAINTENANCE if slurm_node.state in OFFLINE_STATES else Node.Status.ACTIVE
     if node is None:
         node = Node.objects.create(
-            name=slurm_node.name.lower(), hostname=slurm_node.hostname, manager=Node.Manager.SLURM, status=status
+            name=slurm_node.name, hostname=slurm_node.hostname, manager=Node.Manager.SLURM, status=status
         )
     else:
         Node.objects.filter(pk=node.pk).update(hostname=slurm_node.hostname, status=status)

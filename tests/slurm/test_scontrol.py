@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from slurm.scontrol import SlurmError, SlurmReservation, _settings, node_from, parse_line, reservation_from
+from slurm.scontrol import Scontrol, SlurmError, SlurmReservation, _settings, node_from, parse_line, reservation_from
+from slurm.services import slurm_nodes_import
 
 NODE = (
     "NodeName=vm Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=1.33 AvailableFeatures=(null) "
@@ -45,3 +46,20 @@ def test_nothing_that_could_become_another_setting_is_sent(field):
     values = {"name": "gpubook-1", "users": ("alice",), "start": at, "end": at, "nodes": "vm", "flags": (), "tres": ""}
     with pytest.raises(SlurmError, match="refused to send Slurm"):
         _settings(SlurmReservation(**{**values, **field}))
+
+
+class RecordedScontrol(Scontrol):
+    """scontrol's answer as recorded (a node named with capitals cannot be made on the test cluster, whose node is
+    named after this machine)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(["scontrol"])
+        self.text = text
+
+    def run(self, *arguments: str) -> str:
+        return self.text
+
+
+def test_a_node_whose_name_the_portal_cannot_keep_as_it_is_is_skipped_with_words(db):
+    done = slurm_nodes_import(scontrol=RecordedScontrol(NODE.replace("NodeName=vm", "NodeName=GPU-Node7")))
+    assert done.created == [] and "not a node name the portal takes" in done.skipped["GPU-Node7"]
