@@ -5,10 +5,11 @@ as the lease's user while the lease lasts. Level-triggered, like the leases them
 apart, and right after each enforcement pass) compares what the stored snapshot asks for *now* with what runs.
 
 - A launch starts once its lease is active and every device file of its GPUs is open to the user (so a container
-  can open what it is given), never as root: launcher.Supervisor runs it as the user, in a session of its own,
-  with its limits, from an argument list. A container is rootless podman with only the lease's device files
-  (``--device``), a read-only image, no capabilities, no new privileges, a per-user volume for /work, and no
-  network unless its command serves a port, which is then published on the node's loopback only.
+  can open what it is given), never as root: launcher.Supervisor runs it as the user, in a transient systemd unit
+  where systemd is PID 1 or else in a session of its own, with its limits, from an argument list. A container is
+  rootless podman with only the lease's device files (``--device``), a read-only image, no capabilities, no new
+  privileges, a per-user volume for /work, and no network unless its command serves a port, which is then
+  published on the node's loopback only.
 - It ends when the lease ends (the slot's end, a release, a cancellation: the lease leaves the snapshot) or the
   portal stops listing it (someone pressed Stop): SIGTERM, the node's grace, SIGKILL, for the command and all it
   started; a container is stopped through podman first, since its processes are not the command's children.
@@ -18,8 +19,9 @@ apart, and right after each enforcement pass) compares what the stored snapshot 
   account it refuses, a bad request). Every change is an event for the portal, and each heartbeat carries every
   launch's state, its output's tail and, for a notebook, its port and token (``statuses``).
 
-The agent remembers what it started only while it runs: a restarted agent starts again the launches of leases
-still active (a clean stop ends them, as it closes the GPUs).
+The agent remembers what it started only while it runs: a restarted agent first ends what its earlier run left
+(``end_leftovers``), then starts again the launches of leases still active (a clean stop ends them, as it closes
+the GPUs).
 """
 
 from __future__ import annotations
