@@ -73,6 +73,7 @@ def test_the_simulated_cards_are_the_nodes_gpu_rows(db, tmp_path, device_root):
     geforce = load_config(tmp_path / "gpu-4090.conf", environ={})
     assert (geforce.simulated_gpus, geforce.simulated_model) == (2, "NVIDIA GeForce RTX 4090")
     assert (geforce.simulated_memory_mib, geforce.simulated_power_w) == (24564, 450.0)
+    assert a100.launch_runner == geforce.launch_runner == "supervisor"  # never units of the demo machine's systemd
 
 
 def test_stand_in_files_live_in_0755_folders_outside_and_state_stays_private(node, tmp_path, device_root):

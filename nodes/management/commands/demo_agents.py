@@ -171,6 +171,8 @@ def _simulated_lines(node: Node, cards: list[Gpu], *, home: Path, device_dir: Pa
         f"SIMULATED_MODEL={model}\nSIMULATED_MEMORY_MIB={memory}\nSIMULATED_POWER_W={power_limit(model):g}\n"
         f"STATE_DIR={home / 'state'}\nDEVICE_DIR={device_dir}\n"
         f"GRACE_SECONDS={options['grace_seconds']}\n"
+        # A demo agent runs a booking's environments as its own children, never as units of this machine's systemd.
+        "LAUNCH_RUNNER=supervisor\n"
     )
 
 
