@@ -42,14 +42,22 @@ def parse_records(text: str) -> list[dict[str, str]]:
     return [parse_line(line) for line in text.splitlines() if line.strip() and "=" in line]
 
 
+# Node states (or flags: IDLE+DRAIN) in which a node runs no new jobs.
+OFFLINE_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "MAINT"})
+
+
 @dataclass(frozen=True)
 class SlurmNode:
     name: str
     hostname: str
-    state: str  # IDLE, MIXED, ALLOCATED, DRAIN, DOWN... (the base state, flags dropped)
+    state: str  # as Slurm says it: IDLE, MIXED, ALLOCATED, DOWN, and flags after "+": IDLE+DRAIN
     gpu_type: str  # from Gres=gpu:<type>:<count>; "" when the GRES names no type
     gpu_count: int
     reason: str
+
+    @property
+    def offline(self) -> bool:
+        return any(part.rstrip("*") in OFFLINE_STATES for part in self.state.split("+"))
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,7 @@ def node_from(record: dict[str, str]) -> SlurmNode:
         if parts[0] == "gpu" and parts[-1].isdigit():
             count += int(parts[-1])
             gpu_type = parts[1] if len(parts) == 3 else gpu_type
-    state = record.get("State", "UNKNOWN").split("+")[0]
+    state = record.get("State", "UNKNOWN")
     return SlurmNode(
         name=record["NodeName"],
         hostname=record.get("NodeHostName") or record["NodeName"],

@@ -17,7 +17,6 @@ from slurm.reconcile import Pass, reconcile
 from slurm.scontrol import Scontrol, SlurmNode
 
 UUID_NAMESPACE = uuid.UUID("2f8c0e4a-9b61-4d2e-8a53-1c7d5e6f9a10")  # the portal's own: GPU ids for Slurm's GPUs
-OFFLINE_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING"})
 
 
 def scontrol_from_settings() -> Scontrol:
@@ -60,7 +59,7 @@ def slurm_nodes_import(*, scontrol: Scontrol) -> Imported:
 
 @transaction.atomic
 def _import_one(slurm_node: SlurmNode, node: Node | None) -> None:
-    status = Node.Status.MAINTENANCE if slurm_node.state in OFFLINE_STATES else Node.Status.ACTIVE
+    status = Node.Status.MAINTENANCE if slurm_node.offline else Node.Status.ACTIVE
     if node is None:
         node = Node.objects.create(
             name=slurm_node.name, hostname=slurm_node.hostname, manager=Node.Manager.SLURM, status=status

@@ -7,8 +7,9 @@ import logging
 from celery import shared_task
 from django.utils import timezone
 
+from nodes.models import Node
 from slurm.scontrol import SlurmError
-from slurm.services import slurm_reconcile
+from slurm.services import scontrol_from_settings, slurm_nodes_import, slurm_reconcile
 
 log = logging.getLogger(__name__)
 
@@ -30,3 +31,17 @@ def reconcile() -> dict[str, int] | None:
         "deleted": len(done.deleted),
         "refused": len(done.refused),
     }
+
+
+@shared_task(name="slurm.sync_nodes", ignore_result=True)
+def sync_nodes() -> dict[str, int] | None:
+    """Beat, every five minutes, once a cluster is connected (a Slurm-managed node exists): the cluster's GPU nodes
+    brought up to date, new ones added, drained or down ones shown in maintenance. Idempotent."""
+    if not Node.objects.filter(manager=Node.Manager.SLURM).exists():
+        return None
+    try:
+        done = slurm_nodes_import(scontrol=scontrol_from_settings())
+    except SlurmError as error:
+        log.warning("the Slurm controller could not be reached for the node sync: %s", error)
+        return None
+    return {"created": len(done.created), "updated": len(done.updated), "skipped": len(done.skipped)}

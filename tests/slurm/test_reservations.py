@@ -18,6 +18,7 @@ from slurm.models import SlurmReservation
 from slurm.reconcile import reservation_name
 from slurm.scontrol import Scontrol, SlurmError
 from slurm.services import slurm_nodes_import, slurm_reconcile
+from slurm.tasks import sync_nodes
 from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -193,3 +194,10 @@ def test_the_import_command_names_what_it_did_and_an_unreachable_controller_is_a
     settings.SLURM_SCONTROL = "/nonexistent/scontrol"
     with pytest.raises(CommandError, match="Slurm: /nonexistent/scontrol is not installed here"):
         call_command("slurm_import")
+
+
+def test_the_periodic_sync_runs_once_a_cluster_is_connected(cluster, scontrol, db):
+    assert sync_nodes() is None  # no Slurm-managed node yet: nothing asked of any controller
+    slurm_nodes_import(scontrol=scontrol)
+
+    assert sync_nodes() == {"created": 0, "updated": 1, "skipped": 0}  # (drained ones: tests/slurm/test_scontrol.py)

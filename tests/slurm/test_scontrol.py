@@ -28,7 +28,8 @@ def test_a_value_may_hold_spaces_and_runs_to_the_next_key():
     assert record["OS"] == "Linux 6.18.44 #1 SMP PREEMPT_DYNAMIC @0"
     assert record["Reason"] == "fan failure [root@2026-12-06T06:50:52]"
     node = node_from(record)
-    assert (node.name, node.gpu_type, node.gpu_count, node.state) == ("vm", "a100", 4, "IDLE")
+    assert (node.name, node.gpu_type, node.gpu_count, node.state) == ("vm", "a100", 4, "IDLE+DRAIN")
+    assert node.offline  # drained: it runs no new jobs
 
 
 def test_a_reservation_is_read_with_its_users_flags_and_times():
