@@ -355,6 +355,14 @@ def _home(account: pwd.struct_passwd) -> str:
     return account.pw_dir if os.path.isdir(account.pw_dir) else "/"
 
 
+def uses_units(runner: str, *, systemd_run: str | None, pid1: str = "/proc/1/comm") -> bool:
+    """Whether LAUNCH_RUNNER ``runner`` runs launches in transient systemd units: ``systemd``, or ``auto`` where
+    systemd is PID 1 and systemd-run (its path here, or None) is installed."""
+    if runner == "auto":
+        return systemd_run is not None and systemd_is_init(pid1)
+    return runner == "systemd"
+
+
 def systemd_is_init(pid1: str = "/proc/1/comm") -> bool:
     """Whether systemd is PID 1 here (then LAUNCH_RUNNER=auto runs launches in transient units)."""
     try:

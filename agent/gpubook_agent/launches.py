@@ -166,9 +166,9 @@ class Launches:
                 if entry.state in (STARTING, RUNNING) and entry.name not in wanted and not entry.stopping:
                     entry.stopping = True
                     self._stops.submit(self._guarded, self._stop_entry, entry, self._why_stopped(entry, now))
-            self.supervisor.poll()  # reaps what exited
             for entry in entries:
-                # Each pass, not once per exit: one that exited before its start had marked it running counts too.
+                # Each pass, not once per exit (exit_code reaps it): one that exited before its start had marked it
+                # running counts too. Stopped ones are reaped by their stop.
                 code = self.supervisor.exit_code(entry.name) if entry.state == RUNNING else None
                 if code is not None and not entry.stopping:
                     self._ended(entry, EXITED, code, f"exited with code {code}")

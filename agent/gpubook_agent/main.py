@@ -15,10 +15,10 @@ import warnings
 from celery.exceptions import SecurityWarning
 
 from gpubook_agent import AGENT_VERSION, procfs, protocol, selfcheck
-from gpubook_agent.config import AgentConfig, ConfigError, load_config
+from gpubook_agent.config import ConfigError, load_config
 from gpubook_agent.enforcer import Enforcer
 from gpubook_agent.gpus import BackendUnavailable, GpuBackend, open_configured_backend
-from gpubook_agent.launcher import Supervisor, systemd_is_init
+from gpubook_agent.launcher import Supervisor, uses_units
 from gpubook_agent.launches import Launches
 from gpubook_agent.reporter import Reporter
 from gpubook_agent.store import SnapshotStore, UnsafeStateDir
@@ -69,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         config=config,
         leases=enforcer,
         report=reporter.event,
-        supervisor=Supervisor(log_dir=store.launch_log_dir(), accounts=enforcer.accounts, units=units(config)),
+        supervisor=Supervisor(
+            log_dir=store.launch_log_dir(),
+            accounts=enforcer.accounts,
+            units=uses_units(config.launch_runner, systemd_run=shutil.which("systemd-run")),
+        ),
         changed=reporter.heartbeat_soon,
     )
     enforcer.after_pass = launches.wake
@@ -118,13 +122,6 @@ def main(argv: list[str] | None = None) -> int:
             reporter.stop()  # after the enforcer, so its last events are sent
             backend.close()
     return worker.exitcode or 0
-
-
-def units(config: AgentConfig) -> bool:
-    """Whether launches run in transient systemd units (LAUNCH_RUNNER; auto: where systemd is PID 1)."""
-    if config.launch_runner == "auto":
-        return systemd_is_init() and shutil.which("systemd-run") is not None
-    return config.launch_runner == "systemd"
 
 
 def heartbeat_body(kind: str, backend: GpuBackend, enforcer: Enforcer, launches: Launches) -> protocol.Heartbeat:

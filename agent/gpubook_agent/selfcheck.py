@@ -35,7 +35,7 @@ from gpubook_agent import acl, procfs, protocol
 from gpubook_agent.access import AccessMap
 from gpubook_agent.config import AgentConfig, ConfigError, config_file, load_config
 from gpubook_agent.gpus import BackendUnavailable, GpuBackend, MigCardInfo, open_configured_backend
-from gpubook_agent.launcher import systemd_is_init
+from gpubook_agent.launcher import uses_units
 from gpubook_agent.reporter import PortalClient, redirect_refusal
 from gpubook_agent.snapshot import SnapshotRefused, decode_snapshot, parse_snapshot
 from gpubook_agent.store import SnapshotStore, StateFileIgnored, UnsafeStateDir
@@ -644,7 +644,7 @@ def check_launch(
     if not kinds:
         return Check("launch", OK, "environments are off here (LAUNCH_KINDS=none)", details=details)
     allowed = " and ".join(f"{kind}s" for kind in sorted(kinds))
-    units = runner == "systemd" or (runner == "auto" and systemd_is_init(pid1) and bool(tools["systemd-run"]))
+    units = uses_units(runner, systemd_run=tools["systemd-run"], pid1=pid1)
     problems = []
     if units and not tools["systemd-run"]:
         problems.append("no systemd-run for LAUNCH_RUNNER=systemd: every launch is refused")
