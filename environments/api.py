@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
-from rest_framework.request import Request
 from rest_framework.response import Response
 
 from accounts.http import AuthenticatedRequest
@@ -100,6 +97,3 @@ class LaunchViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     def _respond(self, launch: Launch, code: int = status.HTTP_200_OK) -> Response:
         fresh = launches_visible(user=self.request.user).get(pk=launch.pk)
         return Response(self.get_serializer(fresh).data, status=code)
-
-    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return Response(self.get_serializer(self.get_object()).data)
