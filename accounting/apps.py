@@ -6,6 +6,8 @@ class AccountingConfig(AppConfig):
     verbose_name = "GPU accounting"
 
     def ready(self) -> None:
+        from accounting import receivers  # noqa: F401 - counts Slurm bookings' usage from their jobs
+
         # A booking's page shows its usage so far; reservations is below us and must not import us.
         from accounting.reservation_usage import reservation_usage
         from kernel.page_parts import Part

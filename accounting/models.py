@@ -44,6 +44,14 @@ class UsageHour(models.Model):
     )
     energy_estimated = models.BooleanField(default=False, help_text="Part of that energy is estimated.")
 
+    class Source(models.TextChoices):
+        TELEMETRY = "telemetry", "The agents' telemetry"
+        SLURM = "slurm", "Slurm's job accounting"
+
+    # Telemetry rows are recomputed from the minutes (accounting/rollup.py); a Slurm node's, from the jobs in its
+    # bookings' reservations (accounting/slurm_usage.py): each recomputation replaces its own rows only.
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.TELEMETRY)
+
     class Meta:
         indexes = [
             models.Index(fields=["hour"]),

@@ -38,7 +38,7 @@ def floor_hour(moment: datetime) -> datetime:
 def rollup_recent(now: datetime | None = None) -> int:
     """Beat's entry point: recompute from the last hour written (or two hours back)."""
     now = now or timezone.now()
-    last = UsageHour.objects.aggregate(last=Max("hour"))["last"]
+    last = UsageHour.objects.filter(source=UsageHour.Source.TELEMETRY).aggregate(last=Max("hour"))["last"]
     if last is None:
         last = GpuMinute.objects.aggregate(first=Min("minute"))["first"] or now
     return rollup(since=min(last, now - RECENT), until=now)
@@ -103,6 +103,6 @@ def rollup(*, since: datetime, until: datetime) -> int:
     ]
     with transaction.atomic():
         advisory_xact_lock(_LOCK_ID)  # two runs at once would each delete, then both insert: one at a time
-        UsageHour.objects.filter(hour__gte=first).delete()
+        UsageHour.objects.filter(hour__gte=first, source=UsageHour.Source.TELEMETRY).delete()
         UsageHour.objects.bulk_create(rows, batch_size=2000)
     return len(rows)

@@ -258,6 +258,46 @@ def alerts_node_online(*, node: Node, now: datetime) -> None:
     alerts_resolve(Subject(Kind.OFFLINE, node.pk).open_alerts(), now=now, resolution="the node reported again")
 
 
+# --- a Slurm cluster's controller out of reach -------------------------------------------------------
+
+SLURM_UNREACHABLE = Subject(Kind.SLURM_UNREACHABLE, None)
+
+
+def alerts_slurm_unreachable(*, since: datetime, problem: str, now: datetime) -> None:
+    """A reconcile pass could not reach the Slurm controller (slurm.signals): an alert once it has been so for
+    SLURM_UNREACHABLE_ALERT_MINUTES, every pass after that moving its last bad moment. Bookings still commit
+    meanwhile; the passes catch up once it answers."""
+    if now - since < timedelta(minutes=settings.SLURM_UNREACHABLE_ALERT_MINUTES):
+        return
+    details = {"since": since.isoformat(), "seconds": round((now - since).total_seconds()), "problem": problem}
+    if alert_open(subject=SLURM_UNREACHABLE, now=now, details=details) is None:
+        SLURM_UNREACHABLE.open_alerts().update(details=details)
+
+
+def alerts_slurm_reached(*, now: datetime) -> None:
+    alerts_resolve(SLURM_UNREACHABLE.open_alerts(), now=now, resolution="the Slurm controller answered again")
+
+
+def alerts_slurm_refused(*, reservation_id: int, problem: str, now: datetime) -> None:
+    """Slurm refused a booking's reservation: the holder's slot is not enforced, which admins must hear of (the
+    holder sees it on the booking's page). One alert per node and holder: their latest refused booking."""
+    booking = Reservation.objects.select_related("user").filter(pk=reservation_id).first()
+    if booking is None:
+        return
+    subject = Subject(Kind.SLURM_REFUSED, booking.node_id, username=booking.user.unix_username or "")
+    details = {"reservation": reservation_id, "problem": problem}
+    if alert_open(subject=subject, now=now, details=details, reservation_id=reservation_id) is None:
+        subject.open_alerts().update(details=details, reservation_id=reservation_id)
+
+
+def alerts_slurm_settled(*, reservation_id: int, now: datetime) -> None:
+    alerts_resolve(
+        Alert.objects.filter(kind=Kind.SLURM_REFUSED, reservation_id=reservation_id),
+        now=now,
+        resolution="Slurm holds the reservation now, or the booking no longer needs one",
+    )
+
+
 # --- periodic jobs late ---------------------------------------------------------------------------
 
 JOBS_LATE = Subject(Kind.JOBS_LATE, None)

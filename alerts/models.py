@@ -24,9 +24,11 @@ class Alert(models.Model):
         ACCOUNT_REFUSED = "account_refused", "Account refused by a node"
         JOBS_LATE = "jobs_late", "Periodic jobs late"
         SLICE_GONE = "slice_gone", "Booked MIG slice gone"
+        SLURM_UNREACHABLE = "slurm_unreachable", "Slurm controller unreachable"
+        SLURM_REFUSED = "slurm_refused", "Booking refused by Slurm"
 
     kind = models.CharField(max_length=20, choices=Kind.choices)
-    # None for an alert about the portal itself (periodic jobs late).
+    # None for an alert about the portal itself (periodic jobs late) or a Slurm cluster's controller.
     node = models.ForeignKey(Node, on_delete=models.CASCADE, null=True, blank=True, related_name="alerts")
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, null=True, blank=True, related_name="alerts")
     # The person concerned, as the agent names them (a unix username: it may have no portal account),
@@ -79,6 +81,8 @@ class Alert(models.Model):
 
     def __str__(self) -> str:
         where = self.node.name if self.node else "the portal"
+        if self.kind == self.Kind.SLURM_UNREACHABLE:
+            where = "the Slurm cluster"
         if self.gpu:
             where = f"{where}/GPU {self.gpu.index}"
         who = f" ({self.username})" if self.username else ""

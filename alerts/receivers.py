@@ -1,4 +1,5 @@
-"""What alerts does when nodes report (nodes/signals.py) and accounts change (accounts/signals.py).
+"""What alerts does when nodes report (nodes/signals.py), accounts change (accounts/signals.py) and a Slurm
+cluster's controller stops or starts answering (slurm/signals.py).
 
 The node receivers run in the report's own phase (``.in_transaction``): the alerts they open or resolve
 are written with the report, as when ingest called them directly.
@@ -21,6 +22,10 @@ from alerts.conditions import (
     alerts_gpu_returned,
     alerts_node_online,
     alerts_nodes_offline,
+    alerts_slurm_reached,
+    alerts_slurm_refused,
+    alerts_slurm_settled,
+    alerts_slurm_unreachable,
 )
 from alerts.models import Alert
 from alerts.records import alerts_resolve
@@ -36,6 +41,7 @@ from nodes.signals import (
     nodes_went_offline,
     telemetry_received,
 )
+from slurm.signals import controller_reached, controller_unreachable, reservation_refused, reservation_settled
 
 
 def _refusals_of(user_id: int, *usernames: str | None) -> Any:
@@ -91,3 +97,23 @@ def gpu_back_in_service(sender: type, gpu: Gpu, actor: Any, **kwargs: Any) -> No
 @receiver(mig_slices_gone.in_transaction)
 def booked_slices_gone(sender: type, node: Node, gpu_ids: list[int], now: datetime, **kwargs: Any) -> None:
     alerts_slices_gone(node=node, gpu_ids=gpu_ids, now=now)
+
+
+@receiver(controller_unreachable.in_transaction)
+def slurm_unreachable(sender: type, since: datetime, problem: str, now: datetime, **kwargs: Any) -> None:
+    alerts_slurm_unreachable(since=since, problem=problem, now=now)
+
+
+@receiver(controller_reached.in_transaction)
+def slurm_reached(sender: type, now: datetime, **kwargs: Any) -> None:
+    alerts_slurm_reached(now=now)
+
+
+@receiver(reservation_refused.in_transaction)
+def slurm_refused(sender: type, reservation_id: int, problem: str, now: datetime, **kwargs: Any) -> None:
+    alerts_slurm_refused(reservation_id=reservation_id, problem=problem, now=now)
+
+
+@receiver(reservation_settled.in_transaction)
+def slurm_settled(sender: type, reservation_id: int, now: datetime, **kwargs: Any) -> None:
+    alerts_slurm_settled(reservation_id=reservation_id, now=now)

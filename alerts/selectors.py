@@ -53,6 +53,11 @@ def alert_summary(alert: Alert) -> str:
         return f"{last.get('ecc_errors_uncorrected')} uncorrected ECC errors"
     if alert.kind == Alert.Kind.OFFLINE:
         return "its agent stopped reporting"
+    if alert.kind == Alert.Kind.SLURM_UNREACHABLE:
+        waited = f" for {_duration(details['seconds'])}" if details.get("seconds") is not None else ""
+        return f"no answer{waited}: {details.get('problem') or 'unknown'}; bookings wait for the reconcile to catch up"
+    if alert.kind == Alert.Kind.SLURM_REFUSED:
+        return f"booking #{details.get('reservation')} has no reservation in Slurm: {details.get('problem')}"
     if alert.kind == Alert.Kind.JOBS_LATE:
         return "; ".join(_job_late(job) for job in details.get("jobs") or []) or "periodic jobs stopped running"
     if alert.kind == Alert.Kind.IDLE:

@@ -88,8 +88,14 @@ class StatusNodeSerializer(serializers.Serializer):
     name = serializers.CharField()
     hostname = serializers.CharField()
     status = serializers.ChoiceField(choices=Node.Status.choices)
-    online = serializers.BooleanField(help_text="Its agent reported within the last ~40 seconds.")
+    online = serializers.BooleanField(
+        help_text="Its agent reported within the last ~40 seconds (a Slurm node without our agent: Slurm described it)."
+    )
     last_seen = serializers.DateTimeField(allow_null=True)
+    manager = serializers.ChoiceField(choices=Node.Manager.choices, help_text="Who enforces bookings there.")
+    manager_state = serializers.CharField(
+        help_text="A Slurm node: its state and reason as Slurm last said them (IDLE+DRAIN: new disk); else empty."
+    )
     maintenance = StatusWindowSerializer(allow_null=True)
     agent = StatusAgentSerializer(required=False, allow_null=True, help_text="Admins only.")
     gpus = StatusGpuSerializer(many=True)

@@ -45,6 +45,7 @@ class NodeAdmin(AuditedAdminMixin, admin.ModelAdmin):
     search_fields = ("name", "hostname", "description")
     inlines = [GpuInline]
     actions = ["issue_agent_credentials"]
+    readonly_fields = ("books_whole", "manager_state")  # the Slurm link sets them (docs/slurm.md)
 
     @admin.action(description="Issue new agent credentials (shown once)", permissions=["change"])
     def issue_agent_credentials(self, request: HttpRequest, queryset: QuerySet[Node]) -> TemplateResponse | None:

@@ -53,6 +53,19 @@ class Node(models.Model):
         default=Manager.AGENT,
         help_text="Who enforces bookings here: our agent, or the Slurm cluster the node belongs to (docs/slurm.md).",
     )
+    # Set by the manager's link, not by hand: Slurm releases before 23.11 reserve whole nodes only (they refuse
+    # GPU TRES in reservations; docs/slurm.md), so the portal books those whole rather than pretend.
+    books_whole = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="A booking here takes every GPU of the node (a Slurm cluster that reserves whole nodes only).",
+    )
+    manager_state = models.CharField(
+        max_length=300,
+        blank=True,
+        editable=False,
+        help_text="What the node's manager last said of it: Slurm's state and reason (IDLE+DRAIN: new disk).",
+    )
     # The agent's credentials: the secret signs lease snapshots (HMAC), the token authenticates its
     # reports (only a hash is kept). Both are shown once, by `manage.py register_node`.
     lease_secret = models.CharField(max_length=128, default=_new_secret, editable=False)
@@ -89,12 +102,6 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-    @property
-    def books_whole(self) -> bool:
-        """Whether a booking here takes every GPU of the node: Slurm 22.05 reserves whole nodes only (it refuses
-        GPU TRES in reservations; docs/slurm.md), so the portal books them whole rather than pretend."""
-        return self.manager == self.Manager.SLURM
 
     @property
     def is_bookable(self) -> bool:

@@ -79,6 +79,8 @@ app.conf.beat_schedule = {
     "slurm-reconcile": {"task": "slurm.reconcile", "schedule": 60.0, "options": {"expires": 55}},
     # ... and their nodes follow the cluster's (new ones, GPU counts, drained or down shown in maintenance).
     "slurm-sync-nodes": {"task": "slurm.sync_nodes", "schedule": 300.0, "options": {"expires": 290}},
+    # ... and the usage of its bookings, from the jobs in their reservations where its accounting is on.
+    "slurm-read-jobs": {"task": "slurm.read_jobs", "schedule": 600.0, "options": {"expires": 590}},
     # Agent events past NODE_EVENTS_KEEP_DAYS go (idempotent: deletes by age, in batches).
     "prune-node-events": {"task": "nodes.prune_events", "schedule": 3600.0, "options": {"expires": 3000}},
 }

@@ -563,6 +563,16 @@ BOOKING_LOCK_TIMEOUT_MS = envint("BOOKING_LOCK_TIMEOUT_MS", 10_000)
 # reservation is made in Slurm (0: as soon as it is approved).
 SLURM_SCONTROL = envstr("SLURM_SCONTROL", "scontrol")
 SLURM_RESERVATION_LEAD_HOURS = envint("SLURM_RESERVATION_LEAD_HOURS", 0)
+# Or slurmrestd (Slurm 25.05 on: its v0.0.43 API writes reservations), used instead of scontrol when its URL is set:
+# the URL (http://slurm-ctl:6820), the user the token is for, and the token (a JWT: `scontrol token`).
+SLURM_RESTD_URL = envstr("SLURM_RESTD_URL", "")
+SLURM_RESTD_USER = envstr("SLURM_RESTD_USER", "")
+SLURM_RESTD_TOKEN = envstr("SLURM_RESTD_TOKEN", "")
+# How to run sacct (the same form as SLURM_SCONTROL): the usage of bookings on Slurm nodes is read from the jobs in
+# their reservations where the cluster's accounting is on.
+SLURM_SACCT = envstr("SLURM_SACCT", "sacct")
+# An alert opens once the controller has not answered the reconcile passes for this long (they run every minute).
+SLURM_UNREACHABLE_ALERT_MINUTES = envint("SLURM_UNREACHABLE_ALERT_MINUTES", 10)
 BOOKING_PURPOSE_MAX_LENGTH = 500
 # Site ceilings for researchers' bookings and extensions, applied wherever no Limit row (site,
 # group or user) sets that field: without them a fresh portal let anyone book a GPU until the year

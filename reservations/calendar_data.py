@@ -78,10 +78,13 @@ def calendar_resources(*, node: Node | None = None) -> list[dict[str, Any]]:
             if row["extendedProps"]["gpu"] in slices:
                 row["children"] = slices[row["extendedProps"]["gpu"]]
     resources = []
-    for pk, name, status, manager in nodes.values_list("pk", "name", "status", "manager"):
+    for pk, name, status, whole, manager_state in nodes.values_list(
+        "pk", "name", "status", "books_whole", "manager_state"
+    ):
         active = status == Node.Status.ACTIVE
-        whole = manager == Node.Manager.SLURM  # Node.books_whole
-        title = name if active else f"{name} ({Node.Status(status).label.lower()})"
+        title = name
+        if not active:  # why, in the manager's words where it said any (Slurm: "DOWN: not responding")
+            title += f" ({Node.Status(status).label.lower()}{f': {manager_state}' if manager_state else ''})"
         title += " (Slurm: booked whole)" if whole else ""
         resources.append(
             {

@@ -18,9 +18,9 @@ _MEMORY_SUFFIX = re.compile(r"[-\s]*\d+\s*GB\b.*$", re.IGNORECASE)
 
 
 def gpu_label(index: int, model: str, memory_mib: int) -> str:
-    """'GPU 0 · A100-SXM4 80 GB'."""
+    """'GPU 0 · A100-SXM4 80 GB'; without the size where it is not known (0: a Slurm node's GPUs are counted)."""
     short = _MEMORY_SUFFIX.sub("", _VENDOR_PREFIX.sub("", model.strip())) or model.strip()
-    return f"GPU {index} · {short} {mib_to_gb(memory_mib)} GB"
+    return f"GPU {index} · {short} {mib_to_gb(memory_mib)} GB" if memory_mib else f"GPU {index} · {short}"
 
 
 def utc_offset(zone_name: str, moment: datetime) -> str:

@@ -106,6 +106,15 @@ def _gpu_state(*, online: bool, node: Node, gpu: Any, window: MaintenanceWindow 
     return "in_use" if gpu.current_reservation is not None else "free"
 
 
+def _online(node: Node, now: datetime) -> bool:
+    """An agent's node while its agent reports; a Slurm node without our agent once Slurm has described it (its
+    state shows beside it: a drained or down one is in maintenance)."""
+    state = getattr(node, "agent_state", None)
+    if node.manager == Node.Manager.SLURM and state is None:
+        return bool(node.manager_state)
+    return node_online(state, now)
+
+
 def fleet_status(
     *, now: datetime | None = None, node_ids: Iterable[int] | None = None, history: bool = False
 ) -> list[dict[str, Any]]:
@@ -127,7 +136,7 @@ def fleet_status(
 
     cards: dict[int, list[dict[str, Any]]] = {}
     node_list = list(nodes)
-    online = {node.pk: node_online(getattr(node, "agent_state", None), now) for node in node_list}
+    online = {node.pk: _online(node, now) for node in node_list}
     by_pk = {node.pk: node for node in node_list}
     for gpu in gpus:
         node = by_pk.get(gpu.node_id)
@@ -167,6 +176,8 @@ def fleet_status(
                 "status": node.status,
                 "online": online[node.pk],
                 "last_seen": _iso(state.last_seen if state else None),
+                "manager": node.manager,
+                "manager_state": node.manager_state,
                 "maintenance": _window(node_window.get(node.pk)),
                 "agent": _agent(state),
                 "gpus": cards.get(node.pk, []),

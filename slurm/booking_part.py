@@ -9,7 +9,7 @@ from typing import Any
 from nodes.models import Node
 from reservations.models import Reservation
 from slurm.models import SlurmReservation
-from slurm.reconcile import reservation_name
+from slurm.naming import reservation_name
 
 
 def reservation_slurm(*, reservation: Reservation, viewer: Any, now: datetime) -> dict[str, Any] | None:
@@ -22,4 +22,5 @@ def reservation_slurm(*, reservation: Reservation, viewer: Any, now: datetime) -
         "refused": record is not None and record.state == SlurmReservation.State.REFUSED,
         "in_slurm": record is not None and record.state == SlurmReservation.State.SYNCED,
         "live": reservation.is_live and reservation.end > now,
+        "gpus": reservation.allocations.filter(active=True).count(),
     }

@@ -7,22 +7,31 @@ Only reservations named ``gpubook-<id>`` are the portal's; an operator's own are
 cannot be reached changes nothing (the bookings stand; the next pass catches up); a reservation Slurm refuses
 (overlapping an operator's maintenance, say) is recorded with Slurm's words for the admins and the holder.
 
-Slurm 22.05 (Debian 12) cannot reserve single GPUs ("TRES type 'gres/gpu' not supported with reservations"):
-a booking's reservation holds its whole node, and the booking service books such a node whole (Node.books_whole).
+Slurm before 23.11 (Debian 12 ships 22.05) cannot reserve single GPUs ("TRES type 'gres/gpu' not supported with
+reservations"): a booking's reservation holds its whole node, and the booking service books such a node whole
+(Node.books_whole, set from the cluster's Capabilities). Newer releases reserve the booking's GPUs on its node:
+``TRES=gres/gpu=<n>``, or ``gres/gpu:<type>=<n>`` from 25.05 (before, a type alone did not reserve right). Several
+such reservations share a node at once; Slurm refuses one ("Requested nodes are busy") while a job on the node runs
+past its start, which is recorded and retried each pass like any refusal.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count, Q
 
 from nodes.models import Node
 from reservations.models import Allocation, Reservation
+from slurm import signals
+from slurm.controller import Capabilities, Controller
 from slurm.models import SlurmReservation
-from slurm.scontrol import RESERVATION_PREFIX, Scontrol, SlurmError
+from slurm.naming import gres_type_of, reservation_name
+from slurm.scontrol import SlurmError, SlurmUnreachable
 from slurm.scontrol import SlurmReservation as Wanted
 
 FLAGS = ("MAGNETIC",)  # the holder's plain sbatch and srun land in it without naming it
@@ -36,20 +45,21 @@ class Pass:
     refused: dict[str, str] = field(default_factory=dict)
 
 
-def reservation_name(reservation_id: int) -> str:
-    return f"{RESERVATION_PREFIX}{reservation_id}"
-
-
-def wanted_reservations(*, now: datetime) -> dict[str, tuple[int, Wanted]]:
+def wanted_reservations(*, capabilities: Capabilities, now: datetime) -> dict[str, tuple[int, Wanted]]:
     """Name -> (booking id, the reservation Slurm should hold), for every booking on a Slurm node it should hold."""
-    bookings = Reservation.objects.filter(
-        status=Reservation.Status.APPROVED, node__manager=Node.Manager.SLURM, end__gt=now, user__is_active=True
-    ).select_related("node", "user")
+    bookings = (
+        Reservation.objects.filter(
+            status=Reservation.Status.APPROVED, node__manager=Node.Manager.SLURM, end__gt=now, user__is_active=True
+        )
+        .select_related("node", "user")
+        .annotate(gpu_count=Count("allocations", filter=Q(allocations__active=True)))
+    )
     lead = settings.SLURM_RESERVATION_LEAD_HOURS
     if lead:
         bookings = bookings.filter(start__lt=now + timedelta(hours=lead))
     live = Allocation.objects.filter(active=True, reservation__in=bookings).values_list("reservation_id", flat=True)
     wanted = {}
+    gres_types = _gres_types(bookings) if capabilities.typed_gpu_reservations else {}
     for booking in bookings.filter(pk__in=live):
         if not booking.user.unix_username:
             continue  # nobody Slurm would know: it waits for the username, as an agent's lease does
@@ -63,16 +73,33 @@ def wanted_reservations(*, now: datetime) -> dict[str, tuple[int, Wanted]]:
                 end=booking.end,
                 nodes=booking.node.name,
                 flags=FLAGS,
-                tres="",
+                tres=_gpu_tres(gres_types.get(booking.pk, ""), booking.gpu_count)
+                if capabilities.gpu_reservations and not booking.node.books_whole
+                else "",
             ),
         )
     return wanted
 
 
-def reconcile(*, scontrol: Scontrol, now: datetime) -> Pass:
-    """One pass. SlurmError (the controller unreachable) propagates before anything changed."""
-    actual = {item.name: item for item in scontrol.reservations() if item.is_ours}
-    wanted = wanted_reservations(now=now)
+def _gres_types(bookings: Any) -> dict[int, str]:
+    """Each booking's GRES type, from its GPUs' model (the import names them "Slurm GPU (<type>)")."""
+    models = Allocation.objects.filter(active=True, reservation__in=bookings).values_list(
+        "reservation_id", "gpu__model"
+    )
+    return {booking_id: gres_type_of(model) for booking_id, model in models}
+
+
+def _gpu_tres(gres_type: str, count: int) -> str:
+    """The booking's GPUs on its node, for Slurm: ``gres/gpu:a100=2`` (25.05 on), or ``gres/gpu=2`` for untyped GRES
+    and before 25.05 (the node's GPUs are of one type: the import reads one)."""
+    return f"gres/gpu:{gres_type}={count}" if gres_type else f"gres/gpu={count}"
+
+
+def reconcile(*, controller: Controller, capabilities: Capabilities, now: datetime) -> Pass:
+    """One pass. SlurmUnreachable (the controller out of reach) propagates: before anything changed when it was so
+    from the start; mid-pass, after what was done (the next pass does the rest), never recorded as a refusal."""
+    actual = {item.name: item for item in controller.reservations() if item.is_ours}
+    wanted = wanted_reservations(capabilities=capabilities, now=now)
     done = Pass()
     for name, (booking_id, item) in wanted.items():
         have = actual.get(name)
@@ -80,14 +107,16 @@ def reconcile(*, scontrol: Scontrol, now: datetime) -> Pass:
             if have is not None and have.start <= now < item.start:
                 # It has started, and should not have yet (Slurm cannot move a started reservation's start):
                 # made anew, so that nobody holds the node before their slot.
-                scontrol.delete(name)
+                controller.delete(name)
                 have = None
             if have is None:
-                scontrol.create(item)
+                controller.create(item)
                 done.created.append(name)
             elif _differs(have, item):
-                scontrol.update(item)
+                controller.update(item)
                 done.updated.append(name)
+        except SlurmUnreachable:
+            raise
         except SlurmError as refusal:
             done.refused[name] = str(refusal)
             _record(booking_id, name, SlurmReservation.State.REFUSED, str(refusal), now)
@@ -95,7 +124,9 @@ def reconcile(*, scontrol: Scontrol, now: datetime) -> Pass:
         _record(booking_id, name, SlurmReservation.State.SYNCED, "", now)
     for name in sorted(set(actual) - set(wanted)):
         try:
-            scontrol.delete(name)
+            controller.delete(name)
+        except SlurmUnreachable:
+            raise
         except SlurmError as refusal:
             done.refused[name] = str(refusal)
             continue
@@ -103,6 +134,9 @@ def reconcile(*, scontrol: Scontrol, now: datetime) -> Pass:
         SlurmReservation.objects.filter(name=name).update(
             state=SlurmReservation.State.REMOVED, problem="", synced_at=now
         )
+    # Refused ones no longer wanted (their booking was cancelled or ended): there is nothing left to refuse.
+    for record in SlurmReservation.objects.filter(state=SlurmReservation.State.REFUSED).exclude(name__in=wanted):
+        _record(record.reservation_id, record.name, SlurmReservation.State.REMOVED, "", now)
     return done
 
 
@@ -114,6 +148,17 @@ def _differs(have: Wanted, want: Wanted) -> bool:
 
 @transaction.atomic
 def _record(booking_id: int, name: str, state: str, problem: str, now: datetime) -> None:
+    """What Slurm said of a booking's reservation, announced when a refusal begins, changes or ends (alerts)."""
+    before = (
+        SlurmReservation.objects.select_for_update()
+        .filter(reservation_id=booking_id)
+        .values_list("state", "problem")
+        .first()
+    )
     SlurmReservation.objects.update_or_create(
         reservation_id=booking_id, defaults={"name": name, "state": state, "problem": problem, "synced_at": now}
     )
+    if state == SlurmReservation.State.REFUSED and before != (state, problem):
+        signals.reservation_refused.send(sender=SlurmReservation, reservation_id=booking_id, problem=problem, now=now)
+    elif state != SlurmReservation.State.REFUSED and before is not None and before[0] == SlurmReservation.State.REFUSED:
+        signals.reservation_settled.send(sender=SlurmReservation, reservation_id=booking_id, now=now)

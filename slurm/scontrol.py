@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from slurm.controller import Capabilities, parse_version
+
 RESERVATION_PREFIX = "gpubook-"
 # A key starts the text or follows a space: a word of letters, digits, ``_`` or ``:`` and then ``=``.
 KEY_RE = re.compile(r"(?:^|(?<= ))([A-Za-z][A-Za-z0-9_:]*)=")
@@ -26,6 +28,15 @@ TIMEOUT_SECONDS = 30.0
 
 class SlurmError(Exception):
     """scontrol failed or refused: the message is Slurm's own words (or why it could not be run)."""
+
+
+class SlurmUnreachable(SlurmError):
+    """The controller could not be asked at all (not installed, no answer, connection refused): nothing was
+    decided, unlike a refusal. A reconcile pass stops there rather than record refusals that were not."""
+
+
+# How scontrol says it never reached the controller (src/common/slurm_protocol_api.c's words, 22.05 on).
+UNREACHABLE_WORDS = ("Unable to contact slurm controller", "Socket timed out", "Zero Bytes were transmitted")
 
 
 def parse_line(line: str) -> dict[str, str]:
@@ -42,8 +53,21 @@ def parse_records(text: str) -> list[dict[str, str]]:
     return [parse_line(line) for line in text.splitlines() if line.strip() and "=" in line]
 
 
+def parse_config(text: str) -> dict[str, str]:
+    """``scontrol show config``: one ``Key = value`` per line (spaces around ``=``)."""
+    config = {}
+    for line in text.splitlines():
+        key, equals, value = line.partition("=")
+        if equals and key.strip() and " " not in key.strip():
+            config[key.strip()] = value.strip()
+    return config
+
+
 # Node states (or flags: IDLE+DRAIN) in which a node runs no new jobs.
-OFFLINE_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "MAINT"})
+# ``show node`` says MAINTENANCE (node_state_flags[], src/common/slurm_protocol_defs.c); sinfo says MAINT.
+OFFLINE_STATES = frozenset(
+    {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "MAINT", "MAINTENANCE"}
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +82,11 @@ class SlurmNode:
     @property
     def offline(self) -> bool:
         return any(part.rstrip("*") in OFFLINE_STATES for part in self.state.split("+"))
+
+    @property
+    def described(self) -> str:
+        """Its state as people read it on the calendar and status page: ``IDLE+DRAIN: new disk``."""
+        return f"{self.state}: {self.reason}" if self.reason else self.state
 
 
 @dataclass(frozen=True)
@@ -129,13 +158,25 @@ class Scontrol:
                 [*self.command, *arguments], capture_output=True, text=True, timeout=self.timeout, check=False
             )
         except FileNotFoundError:
-            raise SlurmError(f"{self.command[0]} is not installed here (SLURM_SCONTROL)") from None
+            raise SlurmUnreachable(f"{self.command[0]} is not installed here (SLURM_SCONTROL)") from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"the Slurm controller did not answer within {self.timeout:.0f} s") from None
+            raise SlurmUnreachable(f"the Slurm controller did not answer within {self.timeout:.0f} s") from None
         if done.returncode != 0:
             words = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()
-            raise SlurmError(words[-1][:500])
+            said = words[-1][:500]
+            if any(phrase in said for phrase in UNREACHABLE_WORDS):
+                raise SlurmUnreachable(said)
+            raise SlurmError(said)
         return done.stdout
+
+    def capabilities(self) -> Capabilities:
+        """The release of the cluster's Slurm, as its controller reports it (``scontrol show config``: the
+        client's own ``--version`` could be older or newer than the controller's)."""
+        config = parse_config(self.run("show", "config"))
+        version = parse_version(config.get("SLURM_VERSION", ""))
+        if version is None:
+            raise SlurmError("scontrol show config names no SLURM_VERSION")
+        return Capabilities(version=version, api="scontrol")
 
     def nodes(self) -> list[SlurmNode]:
         return [node_from(record) for record in parse_records(self.run("show", "node", "-o"))]
@@ -151,7 +192,7 @@ class Scontrol:
 
     def update(self, reservation: SlurmReservation) -> None:
         # Flags are not updated: ours are set once at creation (MAGNETIC), and an update cannot drop SPEC_NODES.
-        _check(reservation)
+        check_reservation(reservation)
         self.run(
             "update",
             f"ReservationName={reservation.name}",
@@ -167,7 +208,7 @@ class Scontrol:
 
 
 def _settings(reservation: SlurmReservation) -> list[str]:
-    _check(reservation)
+    check_reservation(reservation)
     settings = [
         f"ReservationName={reservation.name}",
         f"Users={','.join(reservation.users)}",
@@ -182,7 +223,7 @@ def _settings(reservation: SlurmReservation) -> list[str]:
     return settings
 
 
-def _check(reservation: SlurmReservation) -> None:
+def check_reservation(reservation: SlurmReservation) -> None:
     """Every value goes into one ``Key=value`` argument: none may hold a space, a comma where one does not belong,
     or start a new key; names come from the portal's own validated data, this is the last look."""
     words = [reservation.name, *reservation.nodes.split(","), *reservation.users, *reservation.flags]

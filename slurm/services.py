@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -13,13 +12,19 @@ from django.db import transaction
 
 from kernel.locks import advisory_xact_lock
 from nodes.models import Gpu, Node, validate_node_name
+from slurm import signals
+from slurm.controller import Capabilities, Controller
+from slurm.models import SlurmCluster
+from slurm.naming import slurm_gpu_model, slurm_gpu_uuid
 from slurm.reconcile import Pass, reconcile
-from slurm.scontrol import Scontrol, SlurmNode
+from slurm.rest import SlurmRest
+from slurm.scontrol import Scontrol, SlurmNode, SlurmUnreachable
 
-UUID_NAMESPACE = uuid.UUID("2f8c0e4a-9b61-4d2e-8a53-1c7d5e6f9a10")  # the portal's own: GPU ids for Slurm's GPUs
 
-
-def scontrol_from_settings() -> Scontrol:
+def controller_from_settings() -> Controller:
+    """slurmrestd where SLURM_RESTD_URL names one (v0.0.43: Slurm 25.05 on), else scontrol (SLURM_SCONTROL)."""
+    if settings.SLURM_RESTD_URL:
+        return SlurmRest(settings.SLURM_RESTD_URL, user=settings.SLURM_RESTD_USER, token=settings.SLURM_RESTD_TOKEN)
     return Scontrol(shlex.split(settings.SLURM_SCONTROL))
 
 
@@ -30,17 +35,13 @@ class Imported:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def slurm_gpu_uuid(node: str, index: int) -> str:
-    """Slurm knows a node's GPUs by count, not by UUID: the portal names each by the node and its place."""
-    return f"GPU-{uuid.uuid5(UUID_NAMESPACE, f'slurm/{node}/{index}')}"
-
-
-def slurm_nodes_import(*, scontrol: Scontrol) -> Imported:
+def slurm_nodes_import(*, controller: Controller) -> Imported:
     """The cluster's GPU nodes as the portal's Slurm-managed nodes: new ones made, known ones brought up to date
     (their GPUs by count and type, their state: drained or down shows as maintenance). A node the portal's agent
     manages under the same name is left alone and named."""
     done = Imported()
-    for slurm_node in scontrol.nodes():
+    whole = not controller.capabilities().gpu_reservations
+    for slurm_node in controller.nodes():
         if not slurm_node.gpu_count:
             continue
         try:  # reservations name the node as Slurm does, so the portal's node must have that very name
@@ -52,21 +53,30 @@ def slurm_nodes_import(*, scontrol: Scontrol) -> Imported:
         if existing is not None and existing.manager != Node.Manager.SLURM:
             done.skipped[slurm_node.name] = "a node of that name is managed by the portal's agent"
             continue
-        _import_one(slurm_node, existing)
+        _import_one(slurm_node, existing, whole=whole)
         (done.updated if existing else done.created).append(slurm_node.name)
     return done
 
 
 @transaction.atomic
-def _import_one(slurm_node: SlurmNode, node: Node | None) -> None:
-    status = Node.Status.MAINTENANCE if slurm_node.offline else Node.Status.ACTIVE
+def _import_one(slurm_node: SlurmNode, node: Node | None, *, whole: bool) -> None:
     if node is None:
-        node = Node.objects.create(
-            name=slurm_node.name, hostname=slurm_node.hostname, manager=Node.Manager.SLURM, status=status
-        )
-    else:
-        Node.objects.filter(pk=node.pk).update(hostname=slurm_node.hostname, status=status)
-    model = f"Slurm GPU ({slurm_node.gpu_type})" if slurm_node.gpu_type else "Slurm GPU"
+        node = Node(name=slurm_node.name, manager=Node.Manager.SLURM)
+    status: str = Node.Status.MAINTENANCE if slurm_node.offline else Node.Status.ACTIVE
+    if node.status == Node.Status.DISABLED:
+        status = node.status  # an admin took it out of the portal: Slurm's word does not put it back
+    wanted = {
+        "hostname": slurm_node.hostname,
+        "status": status,
+        "books_whole": whole,
+        "manager_state": slurm_node.described[: Node._meta.get_field("manager_state").max_length],
+    }
+    changed = [field for field, value in wanted.items() if getattr(node, field) != value]
+    if node.pk is None or changed:  # saved only when it changed: calendars and status pages follow (post_save)
+        for field, value in wanted.items():
+            setattr(node, field, value)
+        node.save()
+    model = slurm_gpu_model(slurm_node.gpu_type)
     for index in range(slurm_node.gpu_count):
         Gpu.objects.update_or_create(
             uuid=slurm_gpu_uuid(slurm_node.name, index),
@@ -77,9 +87,40 @@ def _import_one(slurm_node: SlurmNode, node: Node | None) -> None:
 
 def slurm_reconcile(*, now: datetime) -> Pass | None:
     """One reconcile pass, one at a time across workers (a second waits for the first, then finds little to do);
-    None when no node is Slurm's."""
+    None when no node is Slurm's. A controller that cannot be reached raises SlurmUnreachable, after it was
+    recorded (``SlurmCluster.unreachable_since``) and announced (``controller_unreachable``: alerts opens one
+    after SLURM_UNREACHABLE_ALERT_MINUTES)."""
     if not Node.objects.filter(manager=Node.Manager.SLURM).exists():
         return None
-    with transaction.atomic():
-        advisory_xact_lock("slurm-reconcile")
-        return reconcile(scontrol=scontrol_from_settings(), now=now)
+    try:
+        controller = controller_from_settings()
+        with transaction.atomic():
+            advisory_xact_lock("slurm-reconcile")
+            capabilities = controller.capabilities()
+            _cluster_reached(capabilities, now)
+            return reconcile(controller=controller, capabilities=capabilities, now=now)
+    except SlurmUnreachable as error:
+        _cluster_unreachable(str(error), now)
+        raise
+
+
+def _cluster_reached(capabilities: Capabilities, now: datetime) -> None:
+    cluster, _ = SlurmCluster.objects.select_for_update().get_or_create(pk=1)
+    cluster.api, cluster.version = capabilities.api, capabilities.version_text
+    cluster.gpu_reservations, cluster.reached_at = capabilities.gpu_reservations, now
+    cluster.unreachable_since, cluster.problem = None, ""
+    cluster.save()
+    # An upgraded cluster books single GPUs from now on (or, downgraded, whole nodes again).
+    for node in Node.objects.filter(manager=Node.Manager.SLURM).exclude(books_whole=not capabilities.gpu_reservations):
+        node.books_whole = not capabilities.gpu_reservations
+        node.save(update_fields=["books_whole"])
+    signals.controller_reached.send(sender=SlurmCluster, now=now)
+
+
+@transaction.atomic
+def _cluster_unreachable(problem: str, now: datetime) -> None:
+    cluster, _ = SlurmCluster.objects.select_for_update().get_or_create(pk=1)
+    cluster.unreachable_since = cluster.unreachable_since or now
+    cluster.problem = problem
+    cluster.save(update_fields=["unreachable_since", "problem"])
+    signals.controller_unreachable.send(sender=SlurmCluster, since=cluster.unreachable_since, problem=problem, now=now)

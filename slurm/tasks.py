@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from nodes.models import Node
 from slurm.scontrol import SlurmError
-from slurm.services import scontrol_from_settings, slurm_nodes_import, slurm_reconcile
+from slurm.services import controller_from_settings, slurm_nodes_import, slurm_reconcile
+from slurm.usage import sacct_from_settings, slurm_jobs_read
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,23 @@ def sync_nodes() -> dict[str, int] | None:
     if not Node.objects.filter(manager=Node.Manager.SLURM).exists():
         return None
     try:
-        done = slurm_nodes_import(scontrol=scontrol_from_settings())
+        done = slurm_nodes_import(controller=controller_from_settings())
     except SlurmError as error:
         log.warning("the Slurm controller could not be reached for the node sync: %s", error)
         return None
     return {"created": len(done.created), "updated": len(done.updated), "skipped": len(done.skipped)}
+
+
+@shared_task(name="slurm.read_jobs", ignore_result=True)
+def read_jobs() -> int | None:
+    """Beat, every ten minutes, once a cluster is connected: the jobs of the portal's reservations read from its
+    accounting, and their bookings' usage counted again (accounting/slurm_usage.py). Idempotent; the number of
+    bookings counted, or None (no cluster, accounting off, or sacct failed: logged)."""
+    if not Node.objects.filter(manager=Node.Manager.SLURM).exists():
+        return None
+    try:
+        done = slurm_jobs_read(sacct=sacct_from_settings(), now=timezone.now())
+    except SlurmError as error:
+        log.warning("could not read the Slurm cluster's jobs: %s", error)
+        return None
+    return None if done is None else len(done)

@@ -179,15 +179,23 @@
     const title = el('h2', '', node.name);
     title.id = titleId;
     head.append(title, el('span', 'hostname', node.hostname));
-    const online = el('span', `badge ${node.online ? 'badge-online' : 'badge-offline'}`, node.online ? 'Online' : 'Offline');
+    // A Slurm node without our agent: Slurm's word on it stands where an agent's last report would.
+    const slurmOnly = node.manager === 'slurm' && !node.last_seen;
+    const online = el('span', `badge ${node.online ? 'badge-online' : 'badge-offline'}`,
+      slurmOnly ? 'Slurm' : (node.online ? 'Online' : 'Offline'));
     online.dataset.role = 'online';
     head.append(online);
     if (node.status !== 'active') {
       head.append(el('span', 'badge badge-maintenance', node.status === 'maintenance' ? 'In maintenance' : 'Disabled'));
     }
-    const seen = el('span', 'muted last-seen', node.last_seen ? `last report ${ago(node.last_seen)}` : 'its agent never reported');
-    seen.dataset.lastSeen = node.last_seen ?? '';
-    head.append(seen);
+    if (slurmOnly) {
+      head.append(el('span', 'muted manager-state',
+        node.manager_state ? `Slurm: ${node.manager_state}` : 'not seen in Slurm yet'));
+    } else {
+      const seen = el('span', 'muted last-seen', node.last_seen ? `last report ${ago(node.last_seen)}` : 'its agent never reported');
+      seen.dataset.lastSeen = node.last_seen ?? '';
+      head.append(seen);
+    }
     section.append(head);
 
     if (node.maintenance) {
@@ -236,7 +244,9 @@
     card.setAttribute('aria-label', `${node.name} GPU ${gpu.index}: ${STATE_LABELS[gpu.state] ?? gpu.state}`);
 
     const head = el('header', 'gpu-head');
-    head.append(el('h3', '', `GPU ${gpu.index}`), el('span', 'model', `${gpu.model} · ${gb(gpu.memory_mib)} GB`));
+    // A Slurm node's GPUs are counted, not measured: no memory size to show (0).
+    const size = gpu.memory_mib ? ` · ${gb(gpu.memory_mib)} GB` : '';
+    head.append(el('h3', '', `GPU ${gpu.index}`), el('span', 'model', `${gpu.model}${size}`));
     const badge = el('span', `badge state-badge state-${gpu.state}`, STATE_LABELS[gpu.state] ?? gpu.state);
     badge.dataset.role = 'state';
     head.append(badge);
@@ -260,7 +270,8 @@
       card.append(metrics);
       card.append(sparkline(gpu.id));
     } else {
-      card.append(el('p', 'muted', 'No readings yet.'));
+      card.append(el('p', 'muted', node.manager === 'slurm' && !node.last_seen
+        ? 'No readings from Slurm.' : 'No readings yet.'));
     }
 
     const holder = el('p', 'holder');

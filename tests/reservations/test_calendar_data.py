@@ -86,6 +86,7 @@ def test_rows_say_when_a_node_or_gpu_takes_no_bookings(alice, node, gpus):
         ("NVIDIA H100 80GB HBM3", 81559, "GPU 3 · H100 80 GB"),
         ("NVIDIA L40S", 46068, "GPU 3 · L40S 45 GB"),
         ("Tesla V100-PCIE-32GB", 32768, "GPU 3 · Tesla V100-PCIE 32 GB"),
+        ("Slurm GPU (a100)", 0, "GPU 3 · Slurm GPU (a100)"),  # counted by Slurm, size unknown
     ],
 )
 def test_gpu_labels_name_the_model_and_memory(model, memory_mib, label):

@@ -12,11 +12,13 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from alerts.models import Alert
+from alerts.selectors import alert_summary
 from nodes.models import Node
-from reservations.services import reservation_cancel, reservation_create, reservation_extend
-from slurm.models import SlurmReservation
-from slurm.reconcile import reservation_name
-from slurm.scontrol import Scontrol, SlurmError
+from reservations.services import reservation_cancel, reservation_create, reservation_extend, reservation_release
+from slurm.models import SlurmCluster, SlurmReservation
+from slurm.naming import reservation_name
+from slurm.scontrol import Scontrol, SlurmError, SlurmUnreachable
 from slurm.services import slurm_nodes_import, slurm_reconcile
 from slurm.tasks import sync_nodes
 from tests.factories import UserFactory
@@ -40,7 +42,7 @@ def scontrol(cluster) -> Scontrol:
 
 @pytest.fixture
 def slurm_node(cluster, scontrol) -> Node:
-    slurm_nodes_import(scontrol=scontrol)
+    slurm_nodes_import(controller=scontrol)
     return Node.objects.get(name=cluster.node.lower())
 
 
@@ -55,7 +57,7 @@ def ours(cluster) -> dict[str, str]:
 
 
 def test_the_clusters_gpu_nodes_are_imported_as_slurm_managed_nodes(cluster, scontrol):
-    done = slurm_nodes_import(scontrol=scontrol)
+    done = slurm_nodes_import(controller=scontrol)
 
     node = Node.objects.get(name=cluster.node.lower())
     assert done.created == [cluster.node]
@@ -63,7 +65,7 @@ def test_the_clusters_gpu_nodes_are_imported_as_slurm_managed_nodes(cluster, sco
     assert [(gpu.index, gpu.model) for gpu in node.gpus.order_by("index")] == [
         (i, "Slurm GPU (a100)") for i in range(4)
     ]
-    again = slurm_nodes_import(scontrol=scontrol)
+    again = slurm_nodes_import(controller=scontrol)
     assert again.updated == [cluster.node] and node.gpus.count() == 4  # idempotent
 
 
@@ -95,6 +97,11 @@ def test_an_approved_booking_becomes_a_reservation_its_holders_jobs_run_in_and_n
     assert blocked.returncode != 0  # the node is the holder's until the reservation ends
 
     assert slurm_reconcile(now=timezone.now()).created == []  # level: nothing more to do
+
+    reservation_release(reservation=booking, actor=holder)  # done early: the node is free for others at once
+    assert slurm_reconcile(now=timezone.now()).deleted == [name] and ours(cluster) == {}
+    freed = cluster.srun(other.unix_username, "--immediate=5", "-t", "1", "id", "-un")
+    assert freed.returncode == 0 and freed.stdout.strip() == other.unix_username, freed.stderr
 
 
 def test_cancel_removes_it_and_extend_moves_its_end(cluster, slurm_node, slurm_accounts):
@@ -141,23 +148,51 @@ def test_an_operators_reservation_is_left_alone_and_one_slurm_refuses_is_recorde
     assert "ReservationName=maint" in cluster.scontrol("show", "reservation", "maint")  # untouched
     with pytest.raises(SlurmError, match="never deleted"):
         Scontrol(cluster.scontrol_setting.split()).delete("maint")
+    # The admins hear of it: an alert naming the booking, the holder and Slurm's words, until it is moot.
+    alert = Alert.objects.get(kind=Alert.Kind.SLURM_REFUSED, resolved_at=None)
+    assert (alert.reservation_id, alert.user, alert.node_id) == (clash.pk, holder, slurm_node.pk)
+    assert alert_summary(alert) == f"booking #{clash.pk} has no reservation in Slurm: {problem.problem}"
+    slurm_reconcile(now=timezone.now())  # refused again, in the same words: still the one alert
+    assert Alert.objects.filter(kind=Alert.Kind.SLURM_REFUSED).count() == 1
+
+    reservation_cancel(reservation=clash, actor=holder)
+    slurm_reconcile(now=timezone.now())
+    alert.refresh_from_db()
+    assert alert.resolved_at is not None and "no longer needs one" in alert.resolution
+    assert SlurmReservation.objects.get(reservation=clash).state == SlurmReservation.State.REMOVED
 
 
-def test_a_controller_out_of_reach_changes_nothing_and_the_next_pass_catches_up(cluster, slurm_node, slurm_accounts):
+def test_a_controller_out_of_reach_changes_nothing_and_the_next_pass_catches_up(
+    cluster, slurm_node, slurm_accounts, settings
+):
+    settings.SLURM_UNREACHABLE_ALERT_MINUTES = 10
     holder = UserFactory(username=slurm_accounts[0])
     start = grid_now() + timedelta(hours=8)
+    first = timezone.now()
     cluster.stop_controller()
     try:
         booking = reservation_create(
             user=holder, gpus=list(slurm_node.gpus.all()), start=start, end=start + timedelta(hours=1)
         )  # the booking commits whatever Slurm's state
-        with pytest.raises(SlurmError):
-            slurm_reconcile(now=timezone.now())
+        with pytest.raises(SlurmUnreachable):
+            slurm_reconcile(now=first)
         assert not SlurmReservation.objects.filter(reservation=booking).exists()
+        assert SlurmCluster.objects.get().unreachable_since == first
+        assert not Alert.objects.filter(kind=Alert.Kind.SLURM_UNREACHABLE).exists()  # not yet: 10 minutes
+
+        with pytest.raises(SlurmUnreachable):
+            slurm_reconcile(now=first + timedelta(minutes=11))
+        alert = Alert.objects.get(kind=Alert.Kind.SLURM_UNREACHABLE, resolved_at=None)
+        summary = alert_summary(alert)
+        assert summary.startswith("no answer for 11 min: ") and "Unable to contact slurm controller" in summary
     finally:
         cluster.start_controller()
 
-    done = slurm_reconcile(now=timezone.now())
+    done = slurm_reconcile(now=first + timedelta(minutes=12))
+    alert.refresh_from_db()
+    assert alert.resolution == "the Slurm controller answered again"
+    row = SlurmCluster.objects.get()
+    assert row.unreachable_since is None and row.version == "22.05.8" and not row.gpu_reservations
     name = reservation_name(booking.pk)
     # Created, or updated: a controller killed with -9 may come back with a reservation of that name it had not
     # forgotten yet (on SQLite the test databases reuse booking ids); either way it now holds this booking.
@@ -198,6 +233,6 @@ def test_the_import_command_names_what_it_did_and_an_unreachable_controller_is_a
 
 def test_the_periodic_sync_runs_once_a_cluster_is_connected(cluster, scontrol, db):
     assert sync_nodes() is None  # no Slurm-managed node yet: nothing asked of any controller
-    slurm_nodes_import(scontrol=scontrol)
+    slurm_nodes_import(controller=scontrol)
 
     assert sync_nodes() == {"created": 0, "updated": 1, "skipped": 0}  # (drained ones: tests/slurm/test_scontrol.py)

@@ -22,6 +22,37 @@ RESERVATION = (
     "Groups=(null) Accounts=(null) Licenses=(null) State=ACTIVE BurstBuffer=(null) Watts=n/a MaxStartDelay=(null)"
 )
 
+CONFIG = """Configuration data as of 2026-12-06T09:13:21
+AccountingStorageBackupHost = (null)
+AccountingStorageEnforce = none
+SlurmctldPidFile        = /tmp/gpbt-slurm-m9ee7mk_/slurmctld.pid
+SLURM_CONF              = /tmp/gpbt-slurm-m9ee7mk_/slurm.conf
+SLURM_VERSION           = 22.05.8
+SrunPortRange           = 0-0
+"""
+
+
+def test_the_clusters_release_is_read_from_its_controllers_configuration():
+    capabilities = RecordedScontrol(NODE).capabilities()
+    assert capabilities.version == (22, 5, 8) and capabilities.version_text == "22.05.8"
+    assert not capabilities.gpu_reservations  # 22.05 reserves whole nodes: its nodes are booked whole
+
+
+@pytest.mark.parametrize(
+    ("release", "gpus"), [("22.05.8", False), ("23.02.7", False), ("23.11.0", True), ("25.05.1", True)]
+)
+def test_single_gpus_are_reserved_from_the_release_that_can(release, gpus):
+    scontrol = RecordedScontrol(NODE)
+    scontrol.config = CONFIG.replace("22.05.8", release)
+    assert scontrol.capabilities().gpu_reservations is gpus
+
+
+def test_a_configuration_without_a_release_is_an_error_not_a_guess():
+    scontrol = RecordedScontrol(NODE)
+    scontrol.config = "SlurmctldPort = 6817\n"
+    with pytest.raises(SlurmError, match="names no SLURM_VERSION"):
+        scontrol.capabilities()
+
 
 def test_a_value_may_hold_spaces_and_runs_to_the_next_key():
     record = parse_line(NODE)
@@ -55,12 +86,12 @@ class RecordedScontrol(Scontrol):
 
     def __init__(self, text: str) -> None:
         super().__init__(["scontrol"])
-        self.text = text
+        self.text, self.config = text, CONFIG
 
     def run(self, *arguments: str) -> str:
-        return self.text
+        return self.config if arguments[:2] == ("show", "config") else self.text
 
 
 def test_a_node_whose_name_the_portal_cannot_keep_as_it_is_is_skipped_with_words(db):
-    done = slurm_nodes_import(scontrol=RecordedScontrol(NODE.replace("NodeName=vm", "NodeName=GPU-Node7")))
+    done = slurm_nodes_import(controller=RecordedScontrol(NODE.replace("NodeName=vm", "NodeName=GPU-Node7")))
     assert done.created == [] and "not a node name the portal takes" in done.skipped["GPU-Node7"]

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("clock")
 @pytest.fixture
 def slurm_node(db) -> Node:
     node = node_with_gpus(4, name="slurm-a100")
-    node.manager = Node.Manager.SLURM
+    node.manager, node.books_whole = Node.Manager.SLURM, True
     node.save()
     return node
 

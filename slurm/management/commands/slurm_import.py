@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from slurm.scontrol import SlurmError
-from slurm.services import scontrol_from_settings, slurm_nodes_import
+from slurm.services import controller_from_settings, slurm_nodes_import
 
 
 class Command(BaseCommand):
@@ -15,7 +15,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            done = slurm_nodes_import(scontrol=scontrol_from_settings())
+            done = slurm_nodes_import(controller=controller_from_settings())
         except SlurmError as error:
             raise CommandError(f"Slurm: {error}") from None
         for name in done.created:
