@@ -28,7 +28,7 @@ from nodes.usage import busy_minutes
 from reservations.models import Allocation, Reservation
 
 RECENT = timedelta(hours=2)
-_LOCK_ID = 7_446_001  # any number of our own, for PostgreSQL's advisory lock
+ROLLUP_LOCK = 7_446_001  # any number of our own, for PostgreSQL's advisory lock: rows of UsageHour are rewritten
 
 
 def floor_hour(moment: datetime) -> datetime:
@@ -102,7 +102,15 @@ def rollup(*, since: datetime, until: datetime) -> int:
         for row in hours
     ]
     with transaction.atomic():
-        advisory_xact_lock(_LOCK_ID)  # two runs at once would each delete, then both insert: one at a time
+        advisory_xact_lock(ROLLUP_LOCK)  # two runs at once would each delete, then both insert: one at a time
+        # A booking whose usage its Slurm cluster's accounting counts (accounting/slurm_usage.py) is counted so
+        # alone, even where our agent measures the node too: the jobs say what the holder used.
+        counted = set(
+            UsageHour.objects.filter(hour__gte=first, source=UsageHour.Source.SLURM).values_list(
+                "reservation_id", flat=True
+            )
+        )
+        rows = [row for row in rows if row.reservation_id not in counted]
         UsageHour.objects.filter(hour__gte=first, source=UsageHour.Source.TELEMETRY).delete()
         UsageHour.objects.bulk_create(rows, batch_size=2000)
     return len(rows)

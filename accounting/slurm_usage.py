@@ -4,23 +4,28 @@ Our agent does not run on a Slurm node to measure its GPUs; where the cluster's 
 booking's reservation say how much of it was used (slurm/usage.py reads them; ``slurm.signals.jobs_read`` brings
 them here). Each hour of the booking up to now gets one ``UsageHour`` row per booked GPU (``source`` SLURM):
 - the booked minutes of that hour are reported and measured (what the jobs did is known for all of them);
-- the GPU-minutes the jobs held (their GPUs times their minutes in the hour) are the used minutes, filled GPU by GPU
-  in index order, since Slurm does not say which of a node's GPUs a job was given. A job that asked for no GPU
-  used none of them.
+- the GPU-minutes the jobs held (their GPUs times their minutes in the hour, rounded up) are the used minutes,
+  filled GPU by GPU in index order, since Slurm does not say which of a node's GPUs a job was given. A job that
+  asked for no GPU used none of them.
 So the report's used GPU-hours, efficiency and no-shows mean for these bookings what they mean for the others; a
-booking without accounting has no rows, and stays unknown rather than unused. Energy is not known: none is written.
+booking without accounting has no rows, and stays unknown rather than unused, unless our agent runs on the node as
+well and measures it (docs/slurm.md): its telemetry counts then, and the jobs' count replaces it where there is one.
+Energy is not known from the jobs: none is written.
 Recomputed whole per booking (delete and insert its rows), so reading the same jobs twice changes nothing.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import Q
 
 from accounting.models import UsageHour
-from accounting.rollup import floor_hour
+from accounting.rollup import ROLLUP_LOCK, floor_hour
+from kernel.locks import advisory_xact_lock
 from reservations.models import Allocation, Reservation
 from slurm.models import ReservationJob
 
@@ -43,7 +48,12 @@ def slurm_usage_rollup(*, reservation_ids: Iterable[int], now: datetime) -> int:
         if held:
             rows += _rows(booking, held, jobs.get(booking.pk, []), now)
     with transaction.atomic():
-        UsageHour.objects.filter(reservation_id__in=ids, source=UsageHour.Source.SLURM).delete()
+        advisory_xact_lock(ROLLUP_LOCK)  # the telemetry rollup's: one of the two rewrites rows at a time
+        # And the telemetry rows of those it counts, where our agent also runs on the node: the jobs' count stands
+        # alone for them.
+        UsageHour.objects.filter(
+            Q(reservation_id__in=ids, source=UsageHour.Source.SLURM) | Q(reservation__in=bookings)
+        ).delete()
         UsageHour.objects.bulk_create(rows, batch_size=2000)
     return len(rows)
 
@@ -55,10 +65,11 @@ def _rows(booking: Reservation, held: list[Allocation], jobs: list[ReservationJo
     while hour < until:
         begin, end = max(hour, start), min(hour + HOUR, until)
         booked = round((end - begin).total_seconds() / 60)
-        used = sum(min(job.gpus, len(held)) * _minutes(job, begin, end, now) for job in jobs)
+        # Rounded up: a job of a few seconds used the booking, and must not make it a no-show.
+        used = math.ceil(sum(min(job.gpus, len(held)) * _minutes(job, begin, end, now) for job in jobs) - 1e-9)
         for place, allocation in enumerate(held):
             # This GPU's share of the GPU-minutes: the first GPUs fill first.
-            mine = min(booked, max(0, round(used) - place * booked))
+            mine = min(booked, max(0, used - place * booked))
             rows.append(
                 UsageHour(
                     gpu_id=allocation.gpu_id,

@@ -38,6 +38,7 @@ from alerts.records import Subject, alert_open, alerts_resolve
 from nodes.ingest import TelemetryReport
 from nodes.models import AgentState, Gpu, GpuTelemetry, Node, NodeEvent
 from reservations.models import Reservation
+from slurm.models import SlurmReservation
 
 logger = logging.getLogger(__name__)
 
@@ -291,11 +292,27 @@ def alerts_slurm_refused(*, reservation_id: int, problem: str, now: datetime) ->
 
 
 def alerts_slurm_settled(*, reservation_id: int, now: datetime) -> None:
-    alerts_resolve(
-        Alert.objects.filter(kind=Kind.SLURM_REFUSED, reservation_id=reservation_id),
-        now=now,
-        resolution="Slurm holds the reservation now, or the booking no longer needs one",
+    """A refused booking's reservation is in Slurm now, or no longer wanted. Its alert names another booking of the
+    same holder on the same node that Slurm still refuses, if there is one; else it is resolved."""
+    alerts = Alert.objects.filter(kind=Kind.SLURM_REFUSED, reservation_id=reservation_id, resolved_at__isnull=True)
+    booking = Reservation.objects.filter(pk=reservation_id).first()
+    if booking is None or not alerts.exists():
+        return
+    still = (
+        SlurmReservation.objects.filter(
+            state=SlurmReservation.State.REFUSED,
+            reservation__node_id=booking.node_id,
+            reservation__user_id=booking.user_id,
+        )
+        .exclude(reservation_id=reservation_id)
+        .order_by("-synced_at")
+        .first()
     )
+    if still is not None:
+        details = {"reservation": still.reservation_id, "problem": still.problem}
+        alerts.update(reservation_id=still.reservation_id, details=details)
+        return
+    alerts_resolve(alerts, now=now, resolution="Slurm holds the reservation now, or the booking no longer needs one")
 
 
 # --- periodic jobs late ---------------------------------------------------------------------------

@@ -66,6 +66,11 @@ class Node(models.Model):
         editable=False,
         help_text="What the node's manager last said of it: Slurm's state and reason (IDLE+DRAIN: new disk).",
     )
+    manager_down = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="Its manager says it is down or not responding (Slurm: DOWN, NOT_RESPONDING...): shown offline.",
+    )
     # The agent's credentials: the secret signs lease snapshots (HMAC), the token authenticates its
     # reports (only a hash is kept). Both are shown once, by `manage.py register_node`.
     lease_secret = models.CharField(max_length=128, default=_new_secret, editable=False)

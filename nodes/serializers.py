@@ -25,7 +25,10 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ("id", "name", "hostname", "description", "status", "requires_approval", "gpu_count", "agent")
+        fields = (
+            "id", "name", "hostname", "description", "status", "requires_approval", "gpu_count", "agent",
+            "manager", "books_whole", "manager_state",
+        )  # fmt: skip
         read_only_fields = fields
 
     @extend_schema_field(AgentSummarySerializer(allow_null=True))

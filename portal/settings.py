@@ -568,6 +568,8 @@ SLURM_RESERVATION_LEAD_HOURS = envint("SLURM_RESERVATION_LEAD_HOURS", 0)
 SLURM_RESTD_URL = envstr("SLURM_RESTD_URL", "")
 SLURM_RESTD_USER = envstr("SLURM_RESTD_USER", "")
 SLURM_RESTD_TOKEN = envstr("SLURM_RESTD_TOKEN", "")
+# A token file is read again at every pass: a renewed token is used without a restart.
+SLURM_RESTD_TOKEN_FILE = envstr("SLURM_RESTD_TOKEN_FILE", "")
 # How to run sacct (the same form as SLURM_SCONTROL): the usage of bookings on Slurm nodes is read from the jobs in
 # their reservations where the cluster's accounting is on.
 SLURM_SACCT = envstr("SLURM_SACCT", "sacct")

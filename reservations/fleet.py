@@ -107,11 +107,11 @@ def _gpu_state(*, online: bool, node: Node, gpu: Any, window: MaintenanceWindow 
 
 
 def _online(node: Node, now: datetime) -> bool:
-    """An agent's node while its agent reports; a Slurm node without our agent once Slurm has described it (its
-    state shows beside it: a drained or down one is in maintenance)."""
+    """An agent's node while its agent reports; a Slurm node without our agent once Slurm has described it and
+    while Slurm does not say it is down (its state shows beside it; a drained one is in maintenance)."""
     state = getattr(node, "agent_state", None)
     if node.manager == Node.Manager.SLURM and state is None:
-        return bool(node.manager_state)
+        return bool(node.manager_state) and not node.manager_down
     return node_online(state, now)
 
 

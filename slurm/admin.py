@@ -17,7 +17,10 @@ class SlurmReservationAdmin(ReadOnlyAdmin):
 class SlurmClusterAdmin(ReadOnlyAdmin):
     """The cluster as the last passes found it: its release, what it can reserve, whether it answers."""
 
-    list_display = ("__str__", "api", "gpu_reservations", "accounting", "reached_at", "unreachable_since", "problem")
+    list_display = (
+        "__str__", "api", "gpu_reservations", "reached_at", "unreachable_since", "problem", "accounting",
+        "accounting_problem",
+    )  # fmt: skip
 
 
 @admin.register(ReservationJob)

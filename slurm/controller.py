@@ -70,7 +70,8 @@ class SlurmJob:
 
 
 class Controller(Protocol):
-    """A cluster's controller. Every method raises SlurmError when the controller cannot be reached or refuses."""
+    """A cluster's controller. Every method raises SlurmError when the controller cannot be reached or refuses:
+    SlurmUnreachable when it could not be asked, SlurmInUse when a reservation to delete has jobs."""
 
     def capabilities(self) -> Capabilities: ...
 
@@ -83,3 +84,5 @@ class Controller(Protocol):
     def update(self, reservation: SlurmReservation) -> None: ...
 
     def delete(self, name: str) -> None: ...
+
+    def release_jobs(self, name: str) -> list[str]: ...

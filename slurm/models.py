@@ -45,6 +45,7 @@ class SlurmCluster(models.Model):
     accounting = models.BooleanField(
         null=True, help_text="Whether its accounting (sacct) answers: usage is counted from its jobs if so."
     )
+    accounting_problem = models.TextField(blank=True, help_text="Why its jobs could not be read, in sacct's words.")
     jobs_read_at = models.DateTimeField(null=True, blank=True, help_text="The last time its jobs were read.")
 
     class Meta:
@@ -69,6 +70,8 @@ class ReservationJob(models.Model):
     class Meta:
         ordering = ["start"]
         indexes = [models.Index(fields=["reservation"], name="slurm_job_reservation_idx")]
+        verbose_name = "job in a reservation"
+        verbose_name_plural = "jobs in reservations"
 
     def __str__(self) -> str:
         return f"job {self.job_id} in gpubook-{self.reservation_id}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from slurm.scontrol import RESERVATION_PREFIX
+from slurm.scontrol import RESERVATION_PREFIX, is_ours
 
 UUID_NAMESPACE = uuid.UUID("2f8c0e4a-9b61-4d2e-8a53-1c7d5e6f9a10")  # the portal's own: GPU ids for Slurm's GPUs
 MODEL_PREFIX = "Slurm GPU"
@@ -32,5 +32,4 @@ def gres_type_of(model: str) -> str:
 
 def booking_id_of(name: str) -> int | None:
     """The booking a reservation of the portal's is for ("gpubook-42" -> 42); None for anyone else's."""
-    number = name.removeprefix(RESERVATION_PREFIX)
-    return int(number) if name.startswith(RESERVATION_PREFIX) and number.isdigit() and len(number) < 19 else None
+    return int(name.removeprefix(RESERVATION_PREFIX)) if is_ours(name) else None

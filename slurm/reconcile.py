@@ -17,7 +17,7 @@ past its start, which is recorded and retried each pass like any refusal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,7 +31,7 @@ from slurm import signals
 from slurm.controller import Capabilities, Controller
 from slurm.models import SlurmReservation
 from slurm.naming import gres_type_of, reservation_name
-from slurm.scontrol import SlurmError, SlurmUnreachable
+from slurm.scontrol import SlurmError, SlurmInUse, SlurmUnreachable
 from slurm.scontrol import SlurmReservation as Wanted
 
 FLAGS = ("MAGNETIC",)  # the holder's plain sbatch and srun land in it without naming it
@@ -42,6 +42,7 @@ class Pass:
     created: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)  # in use by running jobs: ended now, deleted by a later pass
     refused: dict[str, str] = field(default_factory=dict)
 
 
@@ -98,7 +99,12 @@ def _gpu_tres(gres_type: str, count: int) -> str:
 def reconcile(*, controller: Controller, capabilities: Capabilities, now: datetime) -> Pass:
     """One pass. SlurmUnreachable (the controller out of reach) propagates: before anything changed when it was so
     from the start; mid-pass, after what was done (the next pass does the rest), never recorded as a refusal."""
-    actual = {item.name: item for item in controller.reservations() if item.is_ours}
+    try:
+        actual = {item.name: item for item in controller.reservations() if item.is_ours}
+    except SlurmUnreachable:
+        raise
+    except SlurmError as error:  # nothing can be done without knowing what it holds: as good as out of reach
+        raise SlurmUnreachable(str(error)) from None
     wanted = wanted_reservations(capabilities=capabilities, now=now)
     done = Pass()
     for name, (booking_id, item) in wanted.items():
@@ -124,20 +130,40 @@ def reconcile(*, controller: Controller, capabilities: Capabilities, now: dateti
         _record(booking_id, name, SlurmReservation.State.SYNCED, "", now)
     for name in sorted(set(actual) - set(wanted)):
         try:
-            controller.delete(name)
+            gone = _remove(controller, actual[name], now)
         except SlurmUnreachable:
             raise
         except SlurmError as refusal:
             done.refused[name] = str(refusal)
             continue
-        done.deleted.append(name)
-        SlurmReservation.objects.filter(name=name).update(
-            state=SlurmReservation.State.REMOVED, problem="", synced_at=now
-        )
+        (done.deleted if gone else done.ended).append(name)
+        record = SlurmReservation.objects.filter(name=name).first()
+        if record is not None and record.state != SlurmReservation.State.REMOVED:
+            _record(record.reservation_id, name, SlurmReservation.State.REMOVED, "", now)
     # Refused ones no longer wanted (their booking was cancelled or ended): there is nothing left to refuse.
     for record in SlurmReservation.objects.filter(state=SlurmReservation.State.REFUSED).exclude(name__in=wanted):
         _record(record.reservation_id, record.name, SlurmReservation.State.REMOVED, "", now)
     return done
+
+
+def _remove(controller: Controller, have: Wanted, now: datetime) -> bool:
+    """Delete one of the portal's reservations that no booking wants any more (cancelled, released, over). Slurm
+    refuses while jobs use it: those waiting in it are moved out (they stay queued, as any other job of theirs), and
+    if some still run, it is ended now instead (they keep the time limits they started with) and a later pass
+    deletes it once they are gone. True when it is gone, False when it was ended."""
+    try:
+        controller.delete(have.name)
+        return True
+    except SlurmInUse:
+        pass
+    controller.release_jobs(have.name)
+    try:
+        controller.delete(have.name)
+        return True
+    except SlurmInUse:
+        if have.start <= now < have.end:
+            controller.update(replace(have, end=now))
+        return False
 
 
 def _differs(have: Wanted, want: Wanted) -> bool:

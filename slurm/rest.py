@@ -36,22 +36,23 @@ from typing import Any, NoReturn
 
 from slurm.controller import Capabilities, parse_version
 from slurm.scontrol import (
-    NAME_RE,
-    RESERVATION_PREFIX,
+    IN_USE_WORDS,
+    JOB_ID_RE,
     TIMEOUT_SECONDS,
+    TRES_RE,
     SlurmError,
+    SlurmInUse,
     SlurmNode,
     SlurmReservation,
     SlurmUnreachable,
     check_reservation,
+    is_ours,
     node_from,
 )
 
 DATA_PARSER = "v0.0.43"
 # HTTP statuses with which slurmrestd says it could not reach slurmctld (src/slurmrestd/operations.c).
 UNREACHABLE_STATUSES = frozenset({502, 503, 504})
-# One TRES of a reservation as scontrol writes it: ``gres/gpu:a100=2``, ``gres/gpu=2``, ``cpu=4``.
-TRES_RE = re.compile(r"\A([a-z]+)(?:/([A-Za-z0-9_.:-]+))?=([0-9]+)\Z")
 # What a header value may hold: visible ASCII, no space (a user name, a JWT).
 HEADER_VALUE_RE = re.compile(r"\A[\x21-\x7e]+\Z")
 MESSAGE_LIMIT = 500
@@ -79,7 +80,8 @@ class SlurmRest:
     def __init__(self, url: str, *, user: str, token: str, timeout: float = TIMEOUT_SECONDS) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SlurmUnreachable(f"slurmrestd's URL must be http:// or https:// and name a host, not {url!r}")
+            # Not the URL itself in the words: it could hold a password, and they reach alerts and logs.
+            raise SlurmUnreachable("slurmrestd's URL (SLURM_RESTD_URL) must be http:// or https:// and name a host")
         if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
             raise SlurmUnreachable("slurmrestd's URL takes no user, password, query or fragment: the token says who")
         if not HEADER_VALUE_RE.match(user):
@@ -141,18 +143,32 @@ class SlurmRest:
         # As Scontrol.update: times and users; flags are set once at creation. A reservation gone meanwhile is not
         # made again by this (slurmrestd would try to create it, and refuses one without nodes).
         check_reservation(reservation)
-        body = {
-            "name": reservation.name,
-            "users": list(reservation.users),
-            "start_time": _time(reservation.start),
-            "end_time": _time(reservation.end),
-        }
+        body = {"name": reservation.name, "users": list(reservation.users), "end_time": _time(reservation.end)}
+        if reservation.start > datetime.now(UTC):  # a started reservation's start cannot move
+            body["start_time"] = _time(reservation.start)
         self.request("POST", "/reservation", body)
 
     def delete(self, name: str) -> None:
-        if not name.startswith(RESERVATION_PREFIX) or not NAME_RE.match(name):
+        if not is_ours(name):
             raise SlurmError(f"{name!r} is not a reservation of the portal's: never deleted")
         self.request("DELETE", f"/reservation/{urllib.parse.quote(name, safe='')}")
+
+    def release_jobs(self, name: str) -> list[str]:
+        """As Scontrol.release_jobs: ``GET /jobs/``, then ``POST /job/{job_id}`` with ``{"reservation": ""}``
+        (v0.0.43's JOB_DESC_MSG) for each job pending in it."""
+        if not is_ours(name):
+            raise SlurmError(f"{name!r} is not a reservation of the portal's: its jobs are not moved")
+        waiting = [
+            str(job["job_id"])
+            for job in _list(self.request("GET", "/jobs/").get("jobs"))
+            if isinstance(job, dict)
+            and job.get("reservation") == name
+            and "PENDING" in _words(job.get("job_state"))
+            and JOB_ID_RE.match(str(job.get("job_id", "")))
+        ]
+        for job_id in waiting:
+            self.request("POST", f"/job/{job_id}", {"reservation": ""})
+        return waiting
 
     def request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """``path`` under ``/slurm/<DATA_PARSER>``; the answer's JSON, whose ``errors`` are raised."""
@@ -198,6 +214,8 @@ class SlurmRest:
             self._fail(words or reached, unreachable=True)
         if 300 <= status < 400:
             self._fail(f"slurmrestd at {self.url} answered {what} with HTTP {status}: not followed", unreachable=True)
+        if words and any(phrase in words for phrase in IN_USE_WORDS):
+            self._fail(words, in_use=True)
         if words:
             self._fail(words)
         if status >= 400:
@@ -214,11 +232,13 @@ class SlurmRest:
             f"slurmrestd at {self.url} could not be reached ({what}): {why or type(reason).__name__}", unreachable=True
         )
 
-    def _fail(self, message: str, *, unreachable: bool = False) -> NoReturn:
+    def _fail(self, message: str, *, unreachable: bool = False, in_use: bool = False) -> NoReturn:
         """SlurmUnreachable where slurmrestd or the controller could not be asked; the token never shows."""
         message = message.replace(self._token, "[token]")[:MESSAGE_LIMIT]
         if unreachable:
             raise SlurmUnreachable(message) from None
+        if in_use:
+            raise SlurmInUse(message) from None
         raise SlurmError(message) from None
 
 

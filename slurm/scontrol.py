@@ -11,6 +11,7 @@ Only reservations named with RESERVATION_PREFIX are the portal's: nothing here c
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Sequence
@@ -35,8 +36,18 @@ class SlurmUnreachable(SlurmError):
     decided, unlike a refusal. A reconcile pass stops there rather than record refusals that were not."""
 
 
+class SlurmInUse(SlurmError):
+    """Slurm refused to delete a reservation that jobs use (running, or pending in it): ESLURM_RESERVATION_BUSY."""
+
+
 # How scontrol says it never reached the controller (src/common/slurm_protocol_api.c's words, 22.05 on).
 UNREACHABLE_WORDS = ("Unable to contact slurm controller", "Socket timed out", "Zero Bytes were transmitted")
+IN_USE_WORDS = ("Requested reservation is in use",)  # slurm_errno.c, ESLURM_RESERVATION_BUSY
+SSH_FAILED = 255  # ssh's own exit status when it could not connect or log in (ssh(1)); scontrol never exits so
+# One TRES of a reservation: ``gres/gpu:a100=2``, ``gres/gpu=2``, ``cpu=4``.
+TRES_RE = re.compile(r"\A([a-z]+)(?:/([A-Za-z0-9_.:-]+))?=([0-9]+)\Z")
+GRES_TYPE_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,64}\Z")  # a GPU type as the portal keeps it and sends it back
+JOB_ID_RE = re.compile(r"\A[0-9]{1,12}\Z")
 
 
 def parse_line(line: str) -> dict[str, str]:
@@ -64,6 +75,8 @@ def parse_config(text: str) -> dict[str, str]:
 
 
 # Node states (or flags: IDLE+DRAIN) in which a node runs no new jobs.
+# Of those, the states in which the node is gone rather than taken out of service (drained): shown offline.
+DOWN_STATES = frozenset({"DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWER_DOWN"})
 # ``show node`` says MAINTENANCE (node_state_flags[], src/common/slurm_protocol_defs.c); sinfo says MAINT.
 OFFLINE_STATES = frozenset(
     {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "MAINT", "MAINTENANCE"}
@@ -84,6 +97,10 @@ class SlurmNode:
         return any(part.rstrip("*") in OFFLINE_STATES for part in self.state.split("+"))
 
     @property
+    def down(self) -> bool:
+        return any(part.rstrip("*") in DOWN_STATES for part in self.state.split("+"))
+
+    @property
     def described(self) -> str:
         """Its state as people read it on the calendar and status page: ``IDLE+DRAIN: new disk``."""
         return f"{self.state}: {self.reason}" if self.reason else self.state
@@ -101,7 +118,7 @@ class SlurmReservation:
 
     @property
     def is_ours(self) -> bool:
-        return self.name.startswith(RESERVATION_PREFIX)
+        return is_ours(self.name)
 
 
 def node_from(record: dict[str, str]) -> SlurmNode:
@@ -110,7 +127,7 @@ def node_from(record: dict[str, str]) -> SlurmNode:
         parts = gres.split("(")[0].split(":")  # gpu:a100:4(S:0-1) -> gpu, a100, 4
         if parts[0] == "gpu" and parts[-1].isdigit():
             count += int(parts[-1])
-            gpu_type = parts[1] if len(parts) == 3 else gpu_type
+            gpu_type = parts[1] if len(parts) == 3 and GRES_TYPE_RE.match(parts[1]) else gpu_type
     state = record.get("State", "UNKNOWN")
     return SlurmNode(
         name=record["NodeName"],
@@ -164,8 +181,12 @@ class Scontrol:
         if done.returncode != 0:
             words = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()
             said = words[-1][:500]
-            if any(phrase in said for phrase in UNREACHABLE_WORDS):
+            if any(phrase in said for phrase in UNREACHABLE_WORDS) or (
+                done.returncode == SSH_FAILED and os.path.basename(self.command[0]) == "ssh"
+            ):
                 raise SlurmUnreachable(said)
+            if any(phrase in said for phrase in IN_USE_WORDS):
+                raise SlurmInUse(said)
             raise SlurmError(said)
         return done.stdout
 
@@ -185,26 +206,53 @@ class Scontrol:
         output = self.run("show", "reservation", "-o")
         if output.strip().startswith("No reservations"):
             return []
-        return [reservation_from(record) for record in parse_records(output) if "ReservationName" in record]
+        found = []
+        for record in parse_records(output):
+            name = record.get("ReservationName", "")
+            try:
+                found.append(reservation_from(record))
+            except (KeyError, ValueError):
+                if is_ours(name):
+                    raise SlurmError(f"scontrol described {name} in a way the portal cannot read") from None
+                # An operator's the portal cannot read (a time it does not parse): not the portal's business.
+        return found
 
     def create(self, reservation: SlurmReservation) -> None:
         self.run("create", "reservation", *_settings(reservation))
 
     def update(self, reservation: SlurmReservation) -> None:
         # Flags are not updated: ours are set once at creation (MAGNETIC), and an update cannot drop SPEC_NODES.
+        # Nor is a start that has come: Slurm cannot move a started reservation's start.
         check_reservation(reservation)
+        start = [f"StartTime={slurm_timestamp(reservation.start)}"] if reservation.start > datetime.now(UTC) else []
         self.run(
             "update",
             f"ReservationName={reservation.name}",
-            f"StartTime={slurm_timestamp(reservation.start)}",
+            *start,
             f"EndTime={slurm_timestamp(reservation.end)}",
             f"Users={','.join(reservation.users)}",
         )
 
     def delete(self, name: str) -> None:
-        if not name.startswith(RESERVATION_PREFIX) or not NAME_RE.match(name):
+        if not is_ours(name):
             raise SlurmError(f"{name!r} is not a reservation of the portal's: never deleted")
         self.run("delete", f"ReservationName={name}")
+
+    def release_jobs(self, name: str) -> list[str]:
+        """Take the jobs waiting in one of the portal's reservations out of it (they stay queued, as any other job
+        of theirs), so that it can be deleted; returns their ids. Running jobs are left alone."""
+        if not is_ours(name):
+            raise SlurmError(f"{name!r} is not a reservation of the portal's: its jobs are not moved")
+        waiting = [
+            record["JobId"]
+            for record in parse_records(self.run("show", "job", "-o"))
+            if record.get("Reservation") == name
+            and record.get("JobState") == "PENDING"
+            and JOB_ID_RE.match(record.get("JobId", ""))
+        ]
+        for job_id in waiting:
+            self.run("update", f"JobId={job_id}", "ReservationName=")
+        return waiting
 
 
 def _settings(reservation: SlurmReservation) -> list[str]:
@@ -223,9 +271,17 @@ def _settings(reservation: SlurmReservation) -> list[str]:
     return settings
 
 
+def is_ours(name: str) -> bool:
+    """``gpubook-<booking id>``: the portal's; any other name (``gpubook-x`` too) is someone else's."""
+    number = name.removeprefix(RESERVATION_PREFIX)
+    return name.startswith(RESERVATION_PREFIX) and number.isascii() and number.isdigit() and len(number) < 19
+
+
 def check_reservation(reservation: SlurmReservation) -> None:
     """Every value goes into one ``Key=value`` argument: none may hold a space, a comma where one does not belong,
-    or start a new key; names come from the portal's own validated data, this is the last look."""
+    or start a new key; names come from the portal's own validated data, this is the last look. The TRES (a GRES
+    type read from Slurm) is held to ``gres/gpu:<type>=<n>`` items."""
     words = [reservation.name, *reservation.nodes.split(","), *reservation.users, *reservation.flags]
-    if not reservation.name.startswith(RESERVATION_PREFIX) or any(not NAME_RE.match(word) for word in words):
-        raise SlurmError(f"refused to send Slurm a reservation with {words!r}")
+    bad_tres = reservation.tres and not all(TRES_RE.match(part) for part in reservation.tres.split(","))
+    if not is_ours(reservation.name) or any(not NAME_RE.match(word) for word in words) or bad_tres:
+        raise SlurmError(f"refused to send Slurm a reservation with {[*words, reservation.tres]!r}")

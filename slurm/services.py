@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -18,13 +19,19 @@ from slurm.models import SlurmCluster
 from slurm.naming import slurm_gpu_model, slurm_gpu_uuid
 from slurm.reconcile import Pass, reconcile
 from slurm.rest import SlurmRest
-from slurm.scontrol import Scontrol, SlurmNode, SlurmUnreachable
+from slurm.scontrol import Scontrol, SlurmError, SlurmNode, SlurmUnreachable
 
 
 def controller_from_settings() -> Controller:
     """slurmrestd where SLURM_RESTD_URL names one (v0.0.43: Slurm 25.05 on), else scontrol (SLURM_SCONTROL)."""
     if settings.SLURM_RESTD_URL:
-        return SlurmRest(settings.SLURM_RESTD_URL, user=settings.SLURM_RESTD_USER, token=settings.SLURM_RESTD_TOKEN)
+        token = settings.SLURM_RESTD_TOKEN
+        if settings.SLURM_RESTD_TOKEN_FILE:  # read at every pass: a renewed token needs no restart
+            try:
+                token = Path(settings.SLURM_RESTD_TOKEN_FILE).read_text().strip()
+            except OSError as error:
+                raise SlurmUnreachable(f"SLURM_RESTD_TOKEN_FILE could not be read: {error.strerror}") from None
+        return SlurmRest(settings.SLURM_RESTD_URL, user=settings.SLURM_RESTD_USER, token=token)
     return Scontrol(shlex.split(settings.SLURM_SCONTROL))
 
 
@@ -70,6 +77,7 @@ def _import_one(slurm_node: SlurmNode, node: Node | None, *, whole: bool) -> Non
         "status": status,
         "books_whole": whole,
         "manager_state": slurm_node.described[: Node._meta.get_field("manager_state").max_length],
+        "manager_down": slurm_node.down,
     }
     changed = [field for field, value in wanted.items() if getattr(node, field) != value]
     if node.pk is None or changed:  # saved only when it changed: calendars and status pages follow (post_save)
@@ -77,31 +85,40 @@ def _import_one(slurm_node: SlurmNode, node: Node | None, *, whole: bool) -> Non
             setattr(node, field, value)
         node.save()
     model = slurm_gpu_model(slurm_node.gpu_type)
+    cards = {card.index: card for card in Gpu.objects.filter(node=node, parent=None)}
     for index in range(slurm_node.gpu_count):
-        Gpu.objects.update_or_create(
-            uuid=slurm_gpu_uuid(slurm_node.name, index),
-            defaults={"node": node, "index": index, "model": model, "memory_mib": 0, "bookable": True},
-        )
+        card = cards.get(index)
+        if card is None:
+            Gpu.objects.create(
+                uuid=slurm_gpu_uuid(slurm_node.name, index), node=node, index=index, model=model, memory_mib=0
+            )
+        elif card.uuid == slurm_gpu_uuid(slurm_node.name, index):
+            Gpu.objects.filter(pk=card.pk).update(model=model, bookable=True)
+        # else: a card our agent reports there too (its real UUID, set by an admin): it stays as the agent says.
     Gpu.objects.filter(node=node, parent=None, index__gte=slurm_node.gpu_count).update(bookable=False)
 
 
 def slurm_reconcile(*, now: datetime) -> Pass | None:
     """One reconcile pass, one at a time across workers (a second waits for the first, then finds little to do);
-    None when no node is Slurm's. A controller that cannot be reached raises SlurmUnreachable, after it was
-    recorded (``SlurmCluster.unreachable_since``) and announced (``controller_unreachable``: alerts opens one
-    after SLURM_UNREACHABLE_ALERT_MINUTES)."""
+    None when no node is Slurm's. A controller that cannot be asked (out of reach, or failing before the pass could
+    read what it holds) raises SlurmUnreachable, after it was recorded (``SlurmCluster.unreachable_since``) and
+    announced (``controller_unreachable``: alerts opens one after SLURM_UNREACHABLE_ALERT_MINUTES)."""
     if not Node.objects.filter(manager=Node.Manager.SLURM).exists():
         return None
     try:
         controller = controller_from_settings()
+        capabilities = controller.capabilities()
         with transaction.atomic():
             advisory_xact_lock("slurm-reconcile")
-            capabilities = controller.capabilities()
+            done = reconcile(controller=controller, capabilities=capabilities, now=now)
             _cluster_reached(capabilities, now)
-            return reconcile(controller=controller, capabilities=capabilities, now=now)
+            return done
     except SlurmUnreachable as error:
         _cluster_unreachable(str(error), now)
         raise
+    except SlurmError as error:  # before the pass read anything (a refusal during it is recorded, not raised)
+        _cluster_unreachable(str(error), now)
+        raise SlurmUnreachable(str(error)) from None
 
 
 def _cluster_reached(capabilities: Capabilities, now: datetime) -> None:

@@ -22,6 +22,7 @@ from slurm.controller import SlurmJob
 from slurm.models import ReservationJob, SlurmCluster
 from slurm.naming import booking_id_of
 from slurm.sacct import AccountingOff, Sacct
+from slurm.scontrol import SlurmError
 
 FIRST_READ = timedelta(days=7)  # how far back the first read of a newly connected cluster looks
 OVERLAP = timedelta(hours=1)
@@ -39,8 +40,11 @@ def slurm_jobs_read(*, sacct: Sacct, now: datetime) -> list[int] | None:
     try:
         jobs = sacct.jobs(start=since, end=now)
     except AccountingOff as off:
-        SlurmCluster.objects.filter(pk=1).update(accounting=False, problem=str(off))
+        SlurmCluster.objects.filter(pk=1).update(accounting=False, accounting_problem=str(off))
         return None
+    except SlurmError as error:
+        SlurmCluster.objects.filter(pk=1).update(accounting_problem=str(error))
+        raise
     by_booking: dict[int, list[SlurmJob]] = {}
     for job in jobs:
         booking_id = booking_id_of(job.reservation)
@@ -67,6 +71,6 @@ def slurm_jobs_read(*, sacct: Sacct, now: datetime) -> list[int] | None:
                         "seen_at": now,
                     },
                 )
-        SlurmCluster.objects.filter(pk=1).update(accounting=True, jobs_read_at=now)
+        SlurmCluster.objects.filter(pk=1).update(accounting=True, accounting_problem="", jobs_read_at=now)
         signals.jobs_read.send(sender=SlurmCluster, reservation_ids=sorted(known), now=now)
     return sorted(known)

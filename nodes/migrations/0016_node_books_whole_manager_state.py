@@ -33,5 +33,14 @@ class Migration(migrations.Migration):
                 max_length=300,
             ),
         ),
+        migrations.AddField(
+            model_name="node",
+            name="manager_down",
+            field=models.BooleanField(
+                default=False,
+                editable=False,
+                help_text="Its manager says it is down or not responding (Slurm: DOWN, NOT_RESPONDING...): shown offline.",
+            ),
+        ),
         migrations.RunPython(slurm_nodes_were_booked_whole, migrations.RunPython.noop),
     ]

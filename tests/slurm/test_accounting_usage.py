@@ -60,11 +60,11 @@ def test_a_job_in_the_reservation_is_the_bookings_used_gpu_time(slurm_accounting
     assert SlurmCluster.objects.get().accounting is True
     rows = UsageHour.objects.filter(reservation=booking, source=UsageHour.Source.SLURM)
     assert rows.count() == 4 * len({row.hour for row in rows})  # every booked GPU, every hour so far
-    assert rows.aggregate(used=Sum("used_minutes"))["used"] == 1  # round(4 x 16 s / 60)
+    assert rows.aggregate(used=Sum("used_minutes"))["used"] == 2  # 4 x 16 s, rounded up to whole minutes
     (row,) = usage_report(  # usage rows are hourly: a period of whole hours around it
         start=start - timedelta(hours=1), end=start + timedelta(hours=2), by="user", viewer=holder, now=read_at
     ).rows
-    assert row.used_gpu_hours == pytest.approx(1 / 60) and row.no_shows == 0
+    assert row.used_gpu_hours == pytest.approx(2 / 60) and row.no_shows == 0
 
 
 def test_a_cluster_without_accounting_is_recorded_so_and_counts_nothing(slurm_cluster, slurm_accounts, settings):
@@ -72,5 +72,5 @@ def test_a_cluster_without_accounting_is_recorded_so_and_counts_nothing(slurm_cl
     slurm_nodes_import(controller=Scontrol(shlex.split(slurm_cluster.scontrol_setting)))
     assert slurm_jobs_read(sacct=Sacct(shlex.split(slurm_cluster.sacct_setting)), now=timezone.now()) is None
     cluster = SlurmCluster.objects.get()
-    assert cluster.accounting is False and "accounting storage is disabled" in cluster.problem
+    assert cluster.accounting is False and "accounting storage is disabled" in cluster.accounting_problem
     assert not UsageHour.objects.exists()

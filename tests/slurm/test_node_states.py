@@ -5,6 +5,7 @@ an agent gone silent. Read from recorded scontrol output (tests/slurm/test_scont
 from __future__ import annotations
 
 import pytest
+from django.core.checks import run_checks
 
 from nodes.models import Node
 from reservations.calendar_data import calendar_resources
@@ -54,3 +55,23 @@ def test_a_node_an_admin_disabled_stays_disabled_whatever_slurm_says(drained):
     slurm_nodes_import(controller=RecordedScontrol(NODE.replace("State=IDLE+DRAIN", "State=IDLE")))
     drained.refresh_from_db()
     assert drained.status == Node.Status.DISABLED and drained.manager_state.startswith("IDLE: ")
+
+
+def test_a_node_slurm_says_is_down_is_offline_on_the_status_page(client, alice):
+    down = NODE.replace("State=IDLE+DRAIN", "State=DOWN+NOT_RESPONDING").replace(
+        "Reason=fan failure [root@2026-12-06T06:50:52]", "Reason=Not responding [slurm@2026-12-06T07:01:00]"
+    )
+    slurm_nodes_import(controller=RecordedScontrol(down))
+    client.force_login(alice)
+    node = next(row for row in client.get("/api/v1/status/").json()["nodes"] if row["name"] == "vm")
+    assert node["online"] is False and node["manager_state"].startswith("DOWN+NOT_RESPONDING: Not responding")
+    assert {gpu["state"] for gpu in node["gpus"]} == {"offline"}
+    listed = next(row for row in client.get("/api/v1/nodes/").json()["results"] if row["name"] == "vm")
+    assert (listed["manager"], listed["books_whole"], listed["status"]) == ("slurm", True, "maintenance")
+
+
+def test_slurmrestd_without_credentials_is_a_warning_at_start(settings):
+    settings.SLURM_RESTD_URL, settings.SLURM_RESTD_USER, settings.SLURM_RESTD_TOKEN = "http://ctl:6820", "", ""
+    assert "slurm.W002" in {message.id for message in run_checks()}
+    settings.SLURM_RESTD_USER, settings.SLURM_RESTD_TOKEN = "gpubook", "eyJ.e30.sig"
+    assert "slurm.W002" not in {message.id for message in run_checks()}

@@ -120,9 +120,18 @@ def test_cancel_removes_it_and_extend_moves_its_end(cluster, slurm_node, slurm_a
         in ours(cluster)[reservation_name(later.pk)]
     )
 
-    reservation_cancel(reservation=later, actor=holder)
-    done = slurm_reconcile(now=timezone.now())
-    assert done.deleted == [reservation_name(later.pk)] and ours(cluster) == {}
+    # A job queued for the slot (held, so that it never runs here) would make Slurm refuse the delete ("Requested
+    # reservation is in use"): it is moved out of the reservation first, and stays queued as the holder's own.
+    queued = cluster.sbatch(holder.unix_username, "--hold", f"--reservation={reservation_name(later.pk)}", "-t", "1",
+                            "--wrap", "true")  # fmt: skip
+    try:
+        reservation_cancel(reservation=later, actor=holder)
+        done = slurm_reconcile(now=timezone.now())
+        assert done.deleted == [reservation_name(later.pk)] and ours(cluster) == {}
+        job = cluster.scontrol("show", "job", "-o", queued)
+        assert "JobState=PENDING" in job and f"Reservation={reservation_name(later.pk)}" not in job
+    finally:
+        cluster.scancel(queued)
     assert SlurmReservation.objects.get(reservation=later).state == SlurmReservation.State.REMOVED
 
 

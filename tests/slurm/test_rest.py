@@ -24,6 +24,7 @@ from slurm.rest import DATA_PARSER, SlurmRest
 from slurm.scontrol import (
     Scontrol,
     SlurmError,
+    SlurmInUse,
     SlurmReservation,
     SlurmUnreachable,
     node_from,
@@ -262,6 +263,22 @@ def test_delete_sends_delete_to_the_reservations_own_path(rest, slurmrestd):
     [seen] = slurmrestd.requests
     assert (seen.method, seen.path, seen.body) == ("DELETE", f"{BASE}/reservation/gpubook-7", b"")
     assert_signed_in(seen)
+
+
+def test_a_delete_jobs_hold_up_is_in_use_and_their_waiting_jobs_can_be_moved_out(rest, slurmrestd):
+    slurmrestd.answer("DELETE", f"{BASE}/reservation/gpubook-7", "error_in_use.json", status=500)
+    with pytest.raises(SlurmInUse, match="Requested reservation is in use"):
+        rest.delete("gpubook-7")
+    slurmrestd.answer("GET", f"{BASE}/jobs/", "jobs.json")
+    slurmrestd.answer("POST", f"{BASE}/job/41", "job_updated.json")
+
+    assert rest.release_jobs("gpubook-7") == ["41"]  # not the running one, nor another reservation's
+
+    posted = slurmrestd.requests[-1]
+    assert (posted.method, posted.path, posted.json()) == ("POST", f"{BASE}/job/41", {"reservation": ""})
+    assert_signed_in(posted)
+    with pytest.raises(SlurmError, match="not a reservation of the portal's"):
+        rest.release_jobs("maint")
 
 
 @pytest.mark.parametrize(

@@ -3,13 +3,11 @@ against a real one-node cluster with slurmdbd (tests/slurm/cluster.py, ``account
 from Slurm 22.05.8 on Debian 12 (tests/slurm/fixtures/sacct/, its README says how)."""
 
 # The tests run fixed argument lists (never a shell) as the cluster's throwaway accounts.
-# ruff: noqa: S603
 
 from __future__ import annotations
 
 import secrets
 import shlex
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -60,21 +58,6 @@ def sacct(cluster: LocalSlurm) -> Sacct:
     return Sacct(shlex.split(cluster.sacct_setting))
 
 
-def sbatch(cluster: LocalSlurm, user: str, *arguments: str) -> str:
-    """A batch job of ``user``'s: its id."""
-    done = subprocess.run(
-        ["/usr/bin/sbatch", "--parsable", "--output=/dev/null", *arguments],
-        user=user,
-        cwd="/tmp",  # noqa: S108 - a directory every account may enter
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", "SLURM_CONF": str(cluster.conf)},
-        timeout=30,
-        check=True,
-    )
-    return done.stdout.strip().split(";")[0]
-
-
 def test_it_reads_who_ran_jobs_in_which_reservation_on_how_many_gpus_and_when(cluster, sacct, slurm_accounts):
     holder, other = slurm_accounts
     began = second(datetime.now(UTC))
@@ -110,7 +93,7 @@ def test_it_reads_who_ran_jobs_in_which_reservation_on_how_many_gpus_and_when(cl
 
 def test_a_running_job_has_no_end(cluster, sacct, slurm_accounts):
     began = second(datetime.now(UTC))
-    job_id = sbatch(cluster, slurm_accounts[0], "--gres=gpu:1", "-t", "1", "--wrap", "sleep 60")
+    job_id = cluster.sbatch(slurm_accounts[0], "--gres=gpu:1", "-t", "1", "--wrap", "sleep 60")
     try:
         jobs = poll(
             lambda: sacct.jobs(start=began, end=datetime.now(UTC) + timedelta(minutes=1)),
@@ -120,7 +103,7 @@ def test_a_running_job_has_no_end(cluster, sacct, slurm_accounts):
         assert running.end is None and running.start >= began and running.gpus == 1
         assert running.user == slurm_accounts[0]
     finally:
-        subprocess.run(["/usr/bin/scancel", job_id], env=cluster.env, check=False)
+        cluster.scancel(job_id)
 
 
 def test_a_cluster_without_accounting_says_accounting_is_off(slurm_cluster):

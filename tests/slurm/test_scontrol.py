@@ -3,11 +3,22 @@ cluster: tests/slurm/cluster.py), and refusing to send Slurm a value that could 
 
 from __future__ import annotations
 
+import socket
 from datetime import UTC, datetime
 
 import pytest
 
-from slurm.scontrol import Scontrol, SlurmError, SlurmReservation, _settings, node_from, parse_line, reservation_from
+from slurm.scontrol import (
+    Scontrol,
+    SlurmError,
+    SlurmReservation,
+    SlurmUnreachable,
+    _settings,
+    is_ours,
+    node_from,
+    parse_line,
+    reservation_from,
+)
 from slurm.services import slurm_nodes_import
 
 NODE = (
@@ -95,3 +106,28 @@ class RecordedScontrol(Scontrol):
 def test_a_node_whose_name_the_portal_cannot_keep_as_it_is_is_skipped_with_words(db):
     done = slurm_nodes_import(controller=RecordedScontrol(NODE.replace("NodeName=vm", "NodeName=GPU-Node7")))
     assert done.created == [] and "not a node name the portal takes" in done.skipped["GPU-Node7"]
+
+
+def test_only_gpubook_and_a_booking_number_is_the_portals():
+    assert is_ours("gpubook-12") and not is_ours("gpubook-x") and not is_ours("gpubook-") and not is_ours("maint")
+    with pytest.raises(SlurmError, match="never deleted"):
+        Scontrol(["scontrol"]).delete("gpubook-x")  # an operator's, whatever its name starts with
+
+
+def test_a_gpu_type_or_tres_that_could_become_another_setting_is_refused():
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    values = {"name": "gpubook-1", "users": ("alice",), "start": at, "end": at, "nodes": "vm", "flags": ()}
+    with pytest.raises(SlurmError, match="refused to send Slurm"):
+        _settings(SlurmReservation(**values, tres="gres/gpu:a100=2 Flags=IGNORE_JOBS"))
+    assert "TRES=gres/gpu:a100=2" in _settings(SlurmReservation(**values, tres="gres/gpu:a100=2"))
+    node = node_from(parse_line(NODE.replace("Gres=gpu:a100:4", "Gres=gpu:a100;rm:4")))
+    assert node.gpu_type == "" and node.gpu_count == 4  # a type the portal could not send back is not kept
+
+
+def test_an_ssh_that_cannot_connect_is_a_controller_out_of_reach():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    over_ssh = Scontrol(["ssh", "-o", "BatchMode=yes", "-p", str(closed), "127.0.0.1", "scontrol"], timeout=20)
+    with pytest.raises(SlurmUnreachable, match="Connection refused"):
+        over_ssh.reservations()

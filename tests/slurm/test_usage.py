@@ -13,11 +13,13 @@ from accounting.models import UsageHour
 from accounting.report import usage_report
 from accounting.rollup import rollup
 from accounting.slurm_usage import slurm_usage_rollup
-from nodes.models import Node
+from nodes.models import GpuMinute, Node
 from reservations.services import reservation_create
 from slurm.models import ReservationJob
+from slurm.services import slurm_nodes_import
 from tests.conftest import at
 from tests.factories import node_with_gpus
+from tests.slurm.test_scontrol import NODE, RecordedScontrol
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clock")]
 
@@ -80,3 +82,46 @@ def test_the_telemetry_rollup_leaves_the_slurm_rows_alone(alice, slurm_gpus):
     slurm_usage_rollup(reservation_ids=[booking.pk], now=at(1))
     rollup(since=at(-1), until=at(1) + timedelta(minutes=5))
     assert UsageHour.objects.filter(reservation=booking, used_minutes=60).count() == 1
+
+
+# --- our agent on a Slurm node as well (docs/slurm.md, "How it combines with our agent") -------------------------
+
+
+def minutes(gpu, first, count: int, utilization: int) -> None:
+    GpuMinute.objects.bulk_create(
+        GpuMinute(
+            gpu=gpu,
+            minute=first + timedelta(minutes=i),
+            samples=12,
+            utilization_samples=12,
+            utilization_sum=12 * utilization,
+            memory_used_max_mib=1000,
+        )
+        for i in range(count)
+    )
+
+
+def test_with_our_agent_there_too_the_telemetry_counts_until_the_jobs_do(alice, bob, slurm_gpus, carol):
+    measured = reservation_create(user=alice, gpus=slurm_gpus, start=at(0), end=at(1))
+    accounted = reservation_create(user=bob, gpus=slurm_gpus, start=at(1), end=at(2))
+    for gpu in slurm_gpus:
+        minutes(gpu, at(0), 120, utilization=90)  # busy all along, as the agent saw it
+    rollup(since=at(-1), until=at(2))
+    assert UsageHour.objects.filter(reservation=accounted, source=UsageHour.Source.TELEMETRY).count() == 4
+
+    job(accounted, 1, gpus=1, start=1, end=2)  # the cluster's accounting: one GPU for the hour
+    slurm_usage_rollup(reservation_ids=[accounted.pk], now=at(2))
+    rollup(since=at(-1), until=at(2))  # the telemetry rollup again: it leaves the accounted booking alone
+
+    assert not UsageHour.objects.filter(reservation=accounted, source=UsageHour.Source.TELEMETRY).exists()
+    rows = {row.key: row for row in usage_report(start=at(-1), end=at(3), by="user", viewer=carol, now=at(2)).rows}
+    assert rows[bob.pk].used_gpu_hours == pytest.approx(1.0)  # the jobs' count, not the 4 the agent measured
+    assert rows[alice.pk].used_gpu_hours == pytest.approx(4.0)  # no accounting for hers: the telemetry's
+    assert UsageHour.objects.filter(reservation=measured, source=UsageHour.Source.TELEMETRY).count() == 4
+
+
+def test_the_import_keeps_the_real_gpus_of_a_node_our_agent_reports_too(db):
+    node = node_with_gpus(4, name="vm", manager=Node.Manager.SLURM)
+    uuids = sorted(node.gpus.values_list("uuid", flat=True))
+    slurm_nodes_import(controller=RecordedScontrol(NODE))
+    assert sorted(node.gpus.values_list("uuid", flat=True)) == uuids  # matched by index, none added
