@@ -159,10 +159,28 @@ def row_y(page: Page, gpu_index: int, row: str | None = None) -> float:
     return box["y"] + box["height"] / 2
 
 
+def settled(page: Page) -> None:
+    """Wait until the calendar's grid has kept its place for two frames in a row (at most about a second)."""
+    page.evaluate(
+        """async () => {
+            const grid = document.querySelector('#calendar');
+            const frame = () => new Promise(requestAnimationFrame);
+            let last = null;
+            for (let i = 0; i < 60; i++) {
+                await frame();
+                const box = grid ? JSON.stringify(grid.getBoundingClientRect()) + grid.scrollHeight : '';
+                if (box === last) return;
+                last = box;
+            }
+        }"""
+    )
+
+
 def drag(page: Page, gpu_index: int, start: str, end: str, *, backwards: bool = False, row: str | None = None) -> None:
     """Select start..end on the GPU's row (or the row ``row`` names, see row_y): press at one end, move to
     the other, release. ``backwards`` starts at the end (so the press lands on free time when the start is
     booked)."""
+    settled(page)  # a full-page screenshot just before resizes the window, and the calendar redraws after it
     y = row_y(page, gpu_index, row)
     x0, x1 = slot_x(page, start) + 2, slot_x(page, end) - 2
     if backwards:
