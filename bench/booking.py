@@ -79,6 +79,8 @@ class ClientResult:
     done: int = 0
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    client_cpu: float = 0.0  # seconds of CPU the client used while booking
+    database_cpu: float | None = None  # ... and its PostgreSQL backend (None: not on this host)
 
 
 @dataclass
@@ -90,10 +92,16 @@ class RunResult:
     done: int
     latencies: list[float]
     errors: list[str]
+    client_cpu: float = 0.0
+    database_cpu: float | None = None
 
     @property
     def rate(self) -> float:
         return self.done / self.elapsed if self.elapsed > 0 else 0.0
+
+    def cpu_ms_per_booking(self, seconds: float | None) -> str:
+        """CPU milliseconds per booking made, or "n/a"."""
+        return f"{seconds / self.done * 1000:.1f}" if seconds is not None and self.done else "n/a"
 
     def percentile_ms(self, pct: float) -> float:
         """Nearest-rank percentile of the per-call latency, in milliseconds."""
@@ -189,7 +197,7 @@ def slots(lane: Lane, now: datetime) -> Iterator[tuple[int, datetime, datetime]]
 def run_clients(
     lanes: list[Lane],
     seconds: float,
-    prepare: Callable[[], Any],
+    prepare: Callable[[], tuple[Any, int]],
     book: Callable[[Any, Lane, int, datetime, datetime], None],
     finish: Callable[[Any], None],
     *,
@@ -199,8 +207,8 @@ def run_clients(
     client is a process of its own, as web workers are (``threads``: a thread, all sharing one
     interpreter lock, as this bench measured before).
 
-    ``prepare`` opens the client's connection (before the clock starts), ``book`` makes one
-    booking with it, ``finish`` closes it.
+    ``prepare`` opens the client's connection (before the clock starts) and returns it with its
+    PostgreSQL backend's pid, ``book`` makes one booking with it, ``finish`` closes it.
     """
     results = [ClientResult() for _ in lanes]
     workers = [
@@ -220,28 +228,46 @@ def run_clients(
         done=sum(r.done for r in results),
         latencies=[latency for r in results for latency in r.latencies],
         errors=[error for r in results for error in r.errors],
+        client_cpu=sum(r.client_cpu for r in results),
+        database_cpu=None if any(r.database_cpu is None for r in results) else sum(r.database_cpu or 0 for r in results),
     )
+
+
+def backend_cpu(backend_pid: int) -> float | None:
+    """Seconds of CPU a PostgreSQL backend has used, read from /proc (None: not a process of this host,
+    or not ours to read)."""
+    try:
+        stat = Path(f"/proc/{backend_pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def _client(
     lane: Lane,
     result: ClientResult,
     seconds: float,
-    prepare: Callable[[], Any],
+    prepare: Callable[[], tuple[Any, int]],
     book: Callable[[Any, Lane, int, datetime, datetime], None],
     finish: Callable[[Any], None],
     ready: Callable[[], float],
 ) -> ClientResult:
-    handle = None
+    handle, backend_pid = None, 0
     try:
-        handle = prepare()
+        handle, backend_pid = prepare()
     except Exception as exc:
         result.errors.append(f"connect: {exc!r}")
     deadline = ready() + seconds
+    client_before, database_before = time.process_time(), backend_cpu(backend_pid)
     try:
         if handle is not None:
             _book_until(lane, result, deadline, handle, book)
     finally:
+        result.client_cpu = time.process_time() - client_before
+        database_after = backend_cpu(backend_pid)
+        if database_before is not None and database_after is not None:
+            result.database_cpu = database_after - database_before
         finish(handle)
     return result
 
@@ -276,9 +302,9 @@ def service_run(lanes: list[Lane], seconds: float, *, threads: bool = False) -> 
 
     from reservations.services import reservation_create
 
-    def prepare() -> Any:
+    def prepare() -> tuple[Any, int]:
         connection.ensure_connection()
-        return connection
+        return connection, connection.connection.info.backend_pid
 
     def book(_conn: Any, lane: Lane, gpu_id: int, start: datetime, end: datetime) -> None:
         reservation_create(user=lane.user, gpus=[gpu_id], start=start, end=end)
@@ -307,8 +333,9 @@ RAW_ALLOCATION_SQL = """
 def raw_run(url: str, lanes: list[Lane], seconds: float, *, threads: bool = False) -> RunResult:
     """Clients inserting the same rows with plain psycopg: one transaction per booking."""
 
-    def prepare() -> psycopg.Connection[Any]:
-        return psycopg.connect(url)
+    def prepare() -> tuple[psycopg.Connection[Any], int]:
+        conn = psycopg.connect(url)
+        return conn, conn.info.backend_pid
 
     def book(conn: psycopg.Connection[Any], lane: Lane, gpu_id: int, start: datetime, end: datetime) -> None:
         user_id = lane.user.pk
@@ -338,13 +365,22 @@ def report_errors(label: str, result: RunResult) -> None:
 
 
 def print_table(pairs: list[tuple[RunResult, RunResult]]) -> None:
-    headers = ["clients", "service bookings/s", "p50 ms", "p99 ms", "raw psycopg bookings/s", "ratio"]
+    headers = [
+        "clients",
+        "service bookings/s",
+        "p50 ms",
+        "p99 ms",
+        "CPU ms/booking: client / PostgreSQL",
+        "raw psycopg bookings/s",
+        "ratio",
+    ]
     rows = [
         [
             str(service.clients),
             f"{service.rate:.0f}",
             f"{service.percentile_ms(50):.2f}",
             f"{service.percentile_ms(99):.2f}",
+            f"{service.cpu_ms_per_booking(service.client_cpu)} / {service.cpu_ms_per_booking(service.database_cpu)}",
             f"{raw.rate:.0f}",
             f"{service.rate / raw.rate:.2f}" if raw.rate else "n/a",
         ]

@@ -21,8 +21,8 @@ from fractions import Fraction
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db.models import Q
 
+from reservations import booking_sql
 from reservations.exceptions import LimitExceeded
 from reservations.models import Limit
 from reservations.timegrid import format_hours, hours
@@ -94,13 +94,7 @@ horizon_caps = HorizonCaps()
 
 
 def effective_limits(user: Any) -> EffectiveLimits:
-    rows = list(
-        Limit.objects.filter(
-            Q(scope=Limit.Scope.SITE)
-            | Q(scope=Limit.Scope.GROUP, group__in=user.groups.all())
-            | Q(scope=Limit.Scope.USER, user=user)
-        )
-    )
+    rows = booking_sql.limit_rows(user)
     site = next((r for r in rows if r.scope == Limit.Scope.SITE), None)
     own = next((r for r in rows if r.scope == Limit.Scope.USER), None)
     groups = [r for r in rows if r.scope == Limit.Scope.GROUP]

@@ -21,14 +21,13 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import F
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from accounts.models import User
 from accounts.services import who_sets_unix_usernames
 from audit.services import audit_record
 from nodes.models import Gpu, Node
-from reservations import selectors
+from reservations import booking_sql, selectors
 from reservations.exceptions import (
     BookingBusy,
     InvalidBooking,
@@ -38,7 +37,7 @@ from reservations.exceptions import (
     SlotConflict,
 )
 from reservations.limits import EffectiveLimits, Period, check_limits, effective_limits
-from reservations.models import Allocation, Reservation, ReservedCapacity
+from reservations.models import Allocation, Reservation
 from reservations.reserved import check_reserved_capacity
 from reservations.signals import reservation_changed
 from reservations.timegrid import ceil_to_grid, floor_to_grid, format_moment, format_period, require_in_calendar
@@ -510,14 +509,13 @@ def _check_slot_free(
     """Refuse a slot under maintenance or taken. Returns whether the site has any reserved capacity at all,
     asked in the same query for ``check_reserved_capacity``, which comes next."""
     # Asked first as yes/no, all in one query (no joins to build and read): most slots asked for are free.
-    maintenance = selectors.maintenance_overlapping(node=node, gpus=gpus, start=start, end=end)
-    overlapping = selectors.allocations_overlapping(
-        gpus=gpus, start=start, end=end, exclude_reservation_id=reservation.pk if reservation else None
+    excluded = reservation.pk if reservation else None
+    state = booking_sql.slot_state(node=node, gpus=gpus, start=start, end=end, exclude_reservation_id=excluded)
+    windows = (
+        list(selectors.maintenance_overlapping(node=node, gpus=gpus, start=start, end=end))
+        if state.under_maintenance
+        else []
     )
-    under_maintenance, taken, any_reserved = selectors.rows_exist(
-        node, maintenance, overlapping, ReservedCapacity.objects.all()
-    )
-    windows = list(maintenance) if under_maintenance else []
     if windows:
         described = "; ".join(
             f"{w.gpu or w.node.name} {format_period(w.start, w.end)}" + (f" ({w.reason})" if w.reason else "")
@@ -537,10 +535,14 @@ def _check_slot_free(
                 for w in windows
             ],
         )
-    clashes = list(overlapping) if taken else []
+    clashes = (
+        list(selectors.allocations_overlapping(gpus=gpus, start=start, end=end, exclude_reservation_id=excluded))
+        if state.taken
+        else []
+    )
     if clashes:  # (asked again: one cancelled in between leaves nothing to name, and the constraint guards)
         raise _conflict(clashes)
-    return bool(any_reserved)
+    return state.any_reserved_capacity
 
 
 # How a clash's status reads in a refusal ("... by alice (reservation #12, pending)").
@@ -766,7 +768,7 @@ def _lock_booking_rows(*, user_id: int, gpu_ids: list[int]) -> bool:
 
 def _lock_user(user_id: int) -> bool:
     """Lock the booking user's row; whether the account is active, as the locked row says."""
-    return bool(User.objects.select_for_update().filter(pk=user_id).values_list("is_active", flat=True).first())
+    return booking_sql.lock_user(user_id)
 
 
 def _lock_active_user(user: User) -> None:
@@ -779,12 +781,7 @@ def _lock_active_user(user: User) -> None:
 def _lock_cards(gpu_ids: list[int], *, load: bool = False) -> list[Gpu]:
     """Lock the physical cards of these GPUs in id order; with ``load``, return them with their nodes (the
     node rows are not locked)."""
-    cards = Gpu.objects.filter(pk__in=gpu_ids).order_by().values(card=Coalesce("parent_id", "id"))
-    locked = Gpu.objects.select_for_update(of=("self",)).filter(pk__in=cards).order_by("pk")
-    if load:
-        return list(locked.select_related("node"))
-    list(locked.values_list("pk", flat=True))
-    return []
+    return booking_sql.lock_cards(gpu_ids, load=load)
 
 
 def _write_allocations(reservation: Reservation, gpus: list[Gpu], *, savepoint: bool = True) -> None:
