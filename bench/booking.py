@@ -229,7 +229,9 @@ def run_clients(
         latencies=[latency for r in results for latency in r.latencies],
         errors=[error for r in results for error in r.errors],
         client_cpu=sum(r.client_cpu for r in results),
-        database_cpu=None if any(r.database_cpu is None for r in results) else sum(r.database_cpu or 0 for r in results),
+        database_cpu=None
+        if any(r.database_cpu is None for r in results)
+        else sum(r.database_cpu or 0 for r in results),
     )
 
 

@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 
 from django.db import connection
 from django.db.models import Model
+from django.db.transaction import TransactionManagementError
+from django.utils import timezone
 
 from nodes.models import Gpu, Node
 from reservations.models import Limit
@@ -52,17 +54,17 @@ def lock_cards(gpu_ids: Sequence[int], *, load: bool = False) -> list[Gpu]:
     if not gpu_ids:
         return []
     with connection.cursor() as cursor:
-        cursor.execute(_lock_cards_sql(len(gpu_ids), load, connection.vendor), list(gpu_ids))
+        cursor.execute(_lock_cards_sql(len(gpu_ids), load, connection.vendor, _for_update(of="g")), list(gpu_ids))
         rows = cursor.fetchall()
     if not load:
         return []
-    split = len(Gpu._meta.concrete_fields)
+    split, card_from, node_from = len(Gpu._meta.concrete_fields), _Reader(Gpu), _Reader(Node)
     nodes: dict[int, Node] = {}
     cards = []
     for row in rows:
-        card = _instance(Gpu, row[:split])
+        card = card_from(row[:split])
         if card.node_id not in nodes:
-            nodes[card.node_id] = _instance(Node, row[split:])
+            nodes[card.node_id] = node_from(row[split:])
         card.node = nodes[card.node_id]
         cards.append(card)
     return cards
@@ -87,6 +89,8 @@ def slot_state(
     """In one query: is [start, end) under maintenance for these units (``selectors.maintenance_overlapping``),
     taken on a part of a card they occupy (``selectors.allocations_overlapping``, leaving out one reservation's
     own allocations), and is there reserved capacity anywhere?"""
+    if timezone.is_naive(start) or timezone.is_naive(end):  # (the ORM would read a naive one in TIME_ZONE, SQL in UTC)
+        raise ValueError("slot_state takes aware datetimes")
     units = sorted({gpu.pk for gpu in gpus} | {gpu.card_id for gpu in gpus})
     places = [value for gpu in gpus for value in (gpu.card_id, gpu.placement[1], gpu.placement[0])]
     start_value, end_value = (connection.ops.adapt_datetimefield_value(moment) for moment in (start, end))
@@ -106,6 +110,8 @@ def slot_state(
 def _for_update(of: str = "") -> str:
     if not connection.features.has_select_for_update:
         return ""
+    if connection.get_autocommit():  # as the ORM's select_for_update: a lock outside a transaction is let go at once
+        raise TransactionManagementError("A row lock needs a transaction: call this inside transaction.atomic().")
     return f" FOR UPDATE OF {of}" if of and connection.features.has_select_for_update_of else " FOR UPDATE"
 
 
@@ -114,7 +120,7 @@ def _placeholders(count: int) -> str:
 
 
 @cache
-def _lock_cards_sql(count: int, load: bool, vendor: str) -> str:  # (the vendor keys the cache)
+def _lock_cards_sql(count: int, load: bool, vendor: str, for_update: str) -> str:  # (the vendor keys the cache)
     columns = ["g.id"]
     if load:  # (quoted: "index" is a keyword of SQLite's)
         columns = [
@@ -125,7 +131,7 @@ def _lock_cards_sql(count: int, load: bool, vendor: str) -> str:  # (the vendor 
     return (
         f"SELECT {', '.join(columns)} FROM nodes_gpu g JOIN nodes_node n ON n.id = g.node_id"  # noqa: S608
         f" WHERE g.id IN (SELECT COALESCE(parent_id, id) FROM nodes_gpu WHERE id IN ({_placeholders(count)}))"
-        f" ORDER BY g.id{_for_update(of='g')}"
+        f" ORDER BY g.id{for_update}"
     )
 
 
@@ -149,24 +155,29 @@ def _fetch_one(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         return cursor.fetchone()
 
 
-def _instance(model: type[Model], values: Sequence[Any]) -> Any:
-    """A ``model`` instance from its concrete columns as the database sent them, converted as the ORM
-    converts what it reads (on SQLite: text to datetimes, 0 and 1 to booleans)."""
-    attnames, converters = _reading(model, connection.vendor)
-    converted = list(values)
-    for position, column, convert in converters:
-        converted[position] = convert(converted[position], column, connection)
-    return model.from_db(connection.alias, attnames, converted)
+class _Reader:
+    """Makes ``model`` instances from its concrete columns as the database sent them, converted as the ORM
+    converts what it reads (on SQLite: text to datetimes, 0 and 1 to booleans). Made per query: the
+    converters belong to this thread's connection."""
+
+    def __init__(self, model: type[Model]) -> None:
+        self.model = model
+        self.attnames, columns = _columns(model)
+        self.converters = [
+            (position, column, convert)
+            for position, column in enumerate(columns)
+            for convert in [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
+        ]
+
+    def __call__(self, values: Sequence[Any]) -> Any:
+        converted = list(values)
+        for position, column, convert in self.converters:
+            converted[position] = convert(converted[position], column, connection)
+        return self.model.from_db(connection.alias, self.attnames, converted)
 
 
 @cache
-def _reading(model: type[Model], vendor: str) -> tuple[list[str], list[tuple[int, Any, Any]]]:
-    """``model``'s concrete fields' names, and the converters the ORM applies to their columns on this
-    backend (``vendor`` keys the cache), in order, with the position each applies to."""
+def _columns(model: type[Model]) -> tuple[list[str], list[Any]]:
+    """``model``'s concrete fields' attribute names, and their columns as the ORM's expressions."""
     fields = model._meta.concrete_fields
-    converters = []
-    for position, field in enumerate(fields):
-        column = field.get_col(model._meta.db_table)
-        for convert in [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]:
-            converters.append((position, column, convert))
-    return [field.attname for field in fields], converters
+    return [field.attname for field in fields], [field.get_col(model._meta.db_table) for field in fields]

@@ -9,7 +9,8 @@ from itertools import product
 
 import pytest
 from django.contrib.auth.models import Group
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from nodes.models import Gpu, Node
@@ -81,7 +82,6 @@ def test_the_card_lock_reads_cards_and_nodes_as_the_orm_does(lab):
 
     with transaction.atomic():
         cards = booking_sql.lock_cards([gpus[1].pk, slices[2].pk, slices[0].pk], load=True)
-        assert booking_sql.lock_cards([gpus[1].pk], load=False) == []
 
     expected = list(Gpu.objects.select_related("node").filter(pk__in=[gpus[0].pk, gpus[1].pk]).order_by("pk"))
     assert [card.pk for card in cards] == [card.pk for card in expected]  # a slice locks its card, in id order
@@ -93,6 +93,23 @@ def test_the_card_lock_reads_cards_and_nodes_as_the_orm_does(lab):
                 assert type(value) is type(getattr(want, field.attname)), field.attname  # bools are bools
     assert cards[1].drained_at == Gpu.objects.get(pk=gpus[1].pk).drained_at
     assert cards[0].node is cards[1].node  # one node read once
+
+
+@pytest.mark.postgres_only
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite takes no row locks")
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_outside_a_transaction_is_refused_as_the_orm_refuses_it(alice, gpus):
+    """(A row lock taken in autocommit would be let go as soon as it is taken.) That the locks hold other
+    bookings back: tests/reservations/test_busy.py."""
+    for lock in (lambda: booking_sql.lock_user(alice.pk), lambda: booking_sql.lock_cards([gpus[0].pk])):
+        with pytest.raises(TransactionManagementError, match="needs a transaction"):
+            lock()
+
+
+def test_naive_moments_are_refused(lab):
+    naive = at(1).replace(tzinfo=None)
+    with pytest.raises(ValueError, match="aware"):
+        booking_sql.slot_state(node=lab["node"], gpus=[lab["gpus"][3]], start=naive, end=at(2))
 
 
 def test_the_user_lock_says_whether_the_account_is_active(alice, bob):

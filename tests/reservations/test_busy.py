@@ -10,11 +10,12 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 
+from accounts.models import User
 from nodes.models import Gpu
 from reservations import services
 from reservations.exceptions import BookingBusy
 from reservations.models import Reservation
-from reservations.services import reservation_create
+from reservations.services import reservation_create, reservation_extend
 from tests.conftest import at
 
 pytestmark = [
@@ -27,12 +28,20 @@ pytestmark = [
 @contextmanager
 def gpu_held(gpu):
     """Another connection holds ``gpu``'s row lock (as a long booking transaction would) while the block runs."""
+    with row_held(Gpu, gpu.pk):
+        yield
+
+
+@contextmanager
+def row_held(model, pk, *, no_key=False):
+    """Another connection holds the row lock of ``model`` ``pk`` while the block runs; ``no_key``: the weaker
+    lock an UPDATE leaving the key alone takes (a deactivation), which lets foreign-key checks through."""
     locked, done = threading.Event(), threading.Event()
 
     def hold() -> None:
         try:
             with transaction.atomic():
-                Gpu.objects.select_for_update().get(pk=gpu.pk)
+                model.objects.select_for_update(no_key=no_key).get(pk=pk)
                 locked.set()
                 done.wait(timeout=30)
         finally:
@@ -86,3 +95,15 @@ def test_an_auto_booking_offer_that_meets_busy_locks_stays_offered_for_the_next_
     assert (entry.status, offer.status) == (Entry.Status.OFFERED, Reservation.Status.OFFERED)  # not passed on
 
     assert offer_settle(entry.pk).status == Entry.Status.BOOKED  # the sweep's next try books it
+
+
+@pytest.mark.parametrize("held", ["the booker", "the card"])
+def test_an_extension_waits_for_the_bookers_and_the_cards_locks(held, alice, gpus, clock, settings):
+    """reservations/booking_sql.py's two locks, as an extension takes them (the user, then the cards, no load)."""
+    booking = reservation_create(user=alice, gpus=[gpus[0]], start=at(1), end=at(2))
+    settings.BOOKING_LOCK_TIMEOUT_MS = 200
+    holding = row_held(User, alice.pk, no_key=True) if held == "the booker" else row_held(Gpu, gpus[0].pk)
+    with holding, pytest.raises(BookingBusy):
+        reservation_extend(reservation=booking, actor=alice, end=at(3))
+    assert Reservation.objects.get(pk=booking.pk).end == at(2)
+    assert reservation_extend(reservation=booking, actor=alice, end=at(3)).end == at(3)  # once let go
