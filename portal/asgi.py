@@ -5,12 +5,32 @@ Run it with daphne (``daphne portal.asgi:application``), as scripts/run and dock
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
+
+class PortalASGIHandler(ASGIHandler):
+    """Django's ASGI handler, with the request's middleware and view run in one trip to a thread.
+
+    Every middleware of the portal and every view it serves over HTTP is synchronous. Django's own handler
+    still puts an asynchronous step at the foot of the chain, so each request went to a thread for the
+    middleware, back to the event loop for that step, and to the thread again for the view: three hand-overs
+    where one does, about a tenth of a web process's CPU per agent report under bench/live.py (issue 20). The
+    chain is built as WSGI builds it and handed to a thread once; an async view, were one added, would still
+    run (Django calls it through async_to_sync from the synchronous chain).
+    """
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        super().load_middleware(is_async=False)
+        self._middleware_chain = sync_to_async(self._middleware_chain, thread_sensitive=True)  # type: ignore[has-type]
+
+
 # Django first: the websocket side imports models.
-django_application = get_asgi_application()
+django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application
+django_application = PortalASGIHandler()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
