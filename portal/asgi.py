@@ -18,9 +18,9 @@ class PortalASGIHandler(ASGIHandler):
     Every middleware of the portal and every view it serves over HTTP is synchronous. Django's own handler
     still puts an asynchronous step at the foot of the chain, so each request went to a thread for the
     middleware, back to the event loop for that step, and to the thread again for the view: three hand-overs
-    where one does, about a tenth of a web process's CPU per agent report under bench/live.py (issue 20). The
-    chain is built as WSGI builds it and handed to a thread once; an async view, were one added, would still
-    run (Django calls it through async_to_sync from the synchronous chain).
+    where one does (about a tenth more bookings a second through the API at 16 clients: docs/operations.md,
+    issue 20's eighth step). The chain is built as WSGI builds it and handed to a thread once; an async view,
+    were one added, would still run (Django calls it through async_to_sync from the synchronous chain).
     """
 
     def load_middleware(self, is_async: bool = False) -> None:
