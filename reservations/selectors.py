@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, Subquery, prefetch_related_objects
 from django.utils import timezone
@@ -47,13 +47,6 @@ def allocations_overlapping(
     if exclude_reservation_id is not None:
         qs = qs.exclude(reservation_id=exclude_reservation_id)
     return qs.order_by("start", "gpu__index", "placement_start")
-
-
-def rows_exist(node: Node, *querysets: QuerySet[Any]) -> tuple[bool, ...]:
-    """Whether each queryset has a row, asked in one query (``SELECT EXISTS (...), EXISTS (...)``, read off
-    ``node``'s row, which any of them would be about)."""
-    row = Node.objects.filter(pk=node.pk).values_list(*(Exists(qs) for qs in querysets)).get()
-    return tuple(bool(found) for found in row)
 
 
 def maintenance_overlapping(
