@@ -49,6 +49,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.* and the portal
 
+from bench import cpu
 from bench.benchdb import (
     allow_booking_ahead,
     open_database,
@@ -235,17 +236,6 @@ def run_clients(
     )
 
 
-def backend_cpu(backend_pid: int) -> float | None:
-    """Seconds of CPU a PostgreSQL backend has used, read from /proc (None: not a process of this host,
-    or not ours to read)."""
-    try:
-        stat = Path(f"/proc/{backend_pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 def _client(
     lane: Lane,
     result: ClientResult,
@@ -261,13 +251,13 @@ def _client(
     except Exception as exc:
         result.errors.append(f"connect: {exc!r}")
     deadline = ready() + seconds
-    client_before, database_before = time.process_time(), backend_cpu(backend_pid)
+    client_before, database_before = time.process_time(), cpu.process_seconds(backend_pid)
     try:
         if handle is not None:
             _book_until(lane, result, deadline, handle, book)
     finally:
         result.client_cpu = time.process_time() - client_before
-        database_after = backend_cpu(backend_pid)
+        database_after = cpu.process_seconds(backend_pid)
         if database_before is not None and database_after is not None:
             result.database_cpu = database_after - database_before
         finish(handle)

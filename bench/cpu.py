@@ -18,6 +18,20 @@ TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PARTS = ("web", "ingest", "postgresql", "redis", "bench clients")
 
 
+def process_seconds(pid: int) -> float | None:
+    """CPU seconds one process of this machine has used so far (None: gone, or not ours to read)."""
+    try:
+        return _parent_and_seconds((Path("/proc") / str(pid) / "stat").read_text())[1]
+    except OSError:
+        return None
+
+
+def _parent_and_seconds(stat: str) -> tuple[int, float]:
+    """A /proc/<pid>/stat line's parent pid, and its user + system CPU seconds."""
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def _processes() -> dict[int, tuple[int, str, float]]:
     """pid -> (parent pid, command line, CPU seconds so far)."""
     found = {}
@@ -27,8 +41,8 @@ def _processes() -> dict[int, tuple[int, str, float]]:
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        found[int(entry.name)] = (int(fields[1]), command, (int(fields[11]) + int(fields[12])) / TICKS)
+        parent, seconds = _parent_and_seconds(stat)
+        found[int(entry.name)] = (parent, command, seconds)
     return found
 
 
