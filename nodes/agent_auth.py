@@ -8,10 +8,11 @@ access here (and agent tokens none to the rest of the API).
 
 from __future__ import annotations
 
+import threading
 from typing import Any, cast
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from rest_framework import authentication, exceptions, permissions
+from rest_framework import authentication, exceptions, permissions, serializers
 from rest_framework.request import Request
 from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
@@ -22,7 +23,8 @@ from nodes.services import AGENT_TOKEN_PREFIX
 
 
 class NodeAgent:
-    """The authenticated "user" of an agent request: a node, never a person."""
+    """The authenticated "user" of an agent request: a node, never a person; with the UUIDs of the node's
+    GPUs (and MIG slices) as the portal knows them when the request came."""
 
     is_authenticated = True
     is_active = True
@@ -31,14 +33,24 @@ class NodeAgent:
     is_booking_admin = False
     pk = None
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, gpu_uuids: frozenset[str] = frozenset()) -> None:
         self.node = node
+        self.gpu_uuids = gpu_uuids
 
     def get_username(self) -> str:
         return f"agent:{self.node.name}"
 
     def __str__(self) -> str:
         return self.get_username()
+
+
+# The node and its GPUs' UUIDs in one read: a row per GPU (one, with a NULL UUID, for a node without any).
+# Every agent request makes it, and a node's telemetry is checked against those UUIDs; through the ORM, the two
+# queries cost about four times the CPU (0.8 ms against 0.2 on the development machine; issue 20).
+_NODE_AND_GPUS_SQL = (
+    "SELECT nodes_node.*, nodes_gpu.uuid AS gpu_uuid FROM nodes_node"
+    " LEFT JOIN nodes_gpu ON nodes_gpu.node_id = nodes_node.id WHERE nodes_node.agent_token_hash = %s"
+)
 
 
 class NodeTokenAuthentication(authentication.BaseAuthentication):
@@ -51,10 +63,10 @@ class NodeTokenAuthentication(authentication.BaseAuthentication):
         key = header[1].decode(errors="replace")
         if not key.startswith(AGENT_TOKEN_PREFIX):
             raise exceptions.AuthenticationFailed("This endpoint takes a node agent token (gpn_...).")
-        node = Node.objects.filter(agent_token_hash=hash_token(key)).first()
-        if node is None:
+        rows: list[Any] = list(Node.objects.raw(_NODE_AND_GPUS_SQL, [hash_token(key)]))
+        if not rows:
             raise exceptions.AuthenticationFailed("Unknown node token: register the node or issue new credentials.")
-        return NodeAgent(node), node
+        return NodeAgent(rows[0], frozenset(row.gpu_uuid for row in rows if row.gpu_uuid is not None)), rows[0]
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="agent"'
@@ -91,7 +103,33 @@ class AgentView(APIView):
     def node(self) -> Node:
         return cast(Node, self.request.auth)  # IsNodeAgent lets in only a node's token, whose auth is its Node
 
-    def validated(self, serializer_class: type) -> dict[str, Any]:
-        serializer = serializer_class(data=self.request.data)
-        serializer.is_valid(raise_exception=True)
-        return serializer.validated_data
+    @property
+    def gpu_uuids(self) -> frozenset[str]:
+        """The UUIDs of the node's GPUs and MIG slices, read with the node."""
+        return cast(NodeAgent, self.request.user).gpu_uuids
+
+    def validated(self, serializer_class: type[serializers.Serializer]) -> dict[str, Any]:
+        """The request's body, validated by ``serializer_class`` (DRF's ValidationError, a 400, if not)."""
+        return _validator(serializer_class).run_validation(self.request.data)
+
+
+class _Validators(threading.local):
+    def __init__(self) -> None:
+        self.made: dict[type[serializers.Serializer], serializers.Serializer] = {}
+
+
+_validators = _Validators()
+
+
+def _validator(serializer_class: type[serializers.Serializer]) -> serializers.Serializer:
+    """One instance of ``serializer_class`` per thread, validating one request after another.
+
+    A serializer builds its fields, and those of the serializers nested in it, by deep-copying its declared
+    ones when it is first used: a third of the CPU of validating a report of 8 GPUs (0.22 of 0.64 ms). Validation
+    keeps no state on the instance (a list's child serializer validates every item in turn, as here every
+    body), and ``run_validation`` raises the ValidationError ``is_valid(raise_exception=True)`` would.
+    """
+    made = _validators.made
+    if serializer_class not in made:
+        made[serializer_class] = serializer_class()
+    return made[serializer_class]

@@ -19,7 +19,7 @@ from nodes.ingest_serializers import (
     StoredSerializer,
     TelemetrySerializer,
 )
-from nodes.models import Gpu, Node
+from nodes.models import Node
 from nodes.telemetry_queue import QueueAway, QueueFull, telemetry_enqueue
 
 
@@ -73,7 +73,7 @@ class TelemetryView(AgentView):
             return Response({"stored": stored, "ignored_gpus": ignored})
         # Queued (nodes/telemetry_queue.py): the GPUs that are not this node's are named back now and
         # left out; the consumer looks again when it stores the rest.
-        known = set(Gpu.objects.filter(node=self.node).values_list("uuid", flat=True))
+        known = self.gpu_uuids
         ignored = sorted({sample["uuid"] for sample in samples} - known)
         samples = [sample for sample in samples if sample["uuid"] in known]
         try:

@@ -78,18 +78,34 @@ def telemetry_enqueue(*, node: Node, samples: list[dict[str, Any]], now: datetim
     if time.monotonic() < _paused_until:
         raise QueueAway
     try:
-        client = redis_client()
-        pipe = client.pipeline(transaction=False)
-        pipe.xlen(STREAM)
-        pipe.memory_usage(STREAM, samples=5)  # an estimate from a few nodes of the stream, cheap
-        length, size = pipe.execute()
-        if length >= settings.TELEMETRY_QUEUE_MAX or (size or 0) >= settings.TELEMETRY_QUEUE_MAX_MB * 2**20:
-            raise QueueFull
-        client.xadd(STREAM, {"report": json.dumps([node.pk, now.isoformat(), samples])})
+        queued = redis_client().register_script(_ENQUEUE)(  # sent by its digest; loaded again if Redis forgot it
+            keys=[STREAM],
+            args=[
+                settings.TELEMETRY_QUEUE_MAX,
+                settings.TELEMETRY_QUEUE_MAX_MB * 2**20,
+                json.dumps([node.pk, now.isoformat(), samples]),
+            ],
+        )
     except redis.RedisError as exc:
         _paused_until = time.monotonic() + PAUSE_SECONDS
         logger.warning("telemetry not queued: Redis is away; web processes store it for the next %d s", PAUSE_SECONDS)
         raise QueueAway from exc
+    if not queued:
+        raise QueueFull
+
+
+# The limits checked and the report added in one step, in one round trip: a web process waits on Redis once
+# per report (while it waits, its event loop may take the interpreter for the pages' messages), and two web
+# processes cannot both pass the check with the last free place. MEMORY USAGE estimates from a few entries.
+_ENQUEUE = """
+local length = redis.call('XLEN', KEYS[1])
+local size = redis.call('MEMORY', 'USAGE', KEYS[1], 'SAMPLES', 5) or 0
+if length >= tonumber(ARGV[1]) or size >= tonumber(ARGV[2]) then
+    return 0
+end
+redis.call('XADD', KEYS[1], '*', 'report', ARGV[3])
+return 1
+"""
 
 
 def telemetry_consume(*, limit: int | None = None) -> int:

@@ -4,6 +4,7 @@ and the events' budget per node and minute, and how long they are kept."""
 from __future__ import annotations
 
 from datetime import timedelta
+from unittest.mock import ANY
 
 import pytest
 from django.test import Client
@@ -148,6 +149,27 @@ def test_bad_reports_are_refused_with_the_field_named_and_nothing_stored(node, e
     assert response.status_code == 400
     assert field in response.json()["error"]["details"]["fields"]
     assert not AgentState.objects.exists() and not NodeEvent.objects.exists() and not GpuTelemetry.objects.exists()
+
+
+def test_each_report_is_validated_on_its_own_after_a_refused_one(node, gpus):
+    """The endpoints validate with one serializer per thread (nodes/agent_auth.py): nothing of one body's
+    validation, its errors or its values, reaches the next body's."""
+    client = agent_client(node)
+    now = timezone.now().isoformat()
+
+    refused = client.post(
+        TELEMETRY, {"sent_at": now, "gpus": [sample(gpus[0].uuid, utilization_pct=101)]}, format="json"
+    )
+    stored = client.post(TELEMETRY, {"sent_at": now, "gpus": [sample(gpus[1].uuid, utilization_pct=5)]}, format="json")
+    refused_again = client.post(TELEMETRY, {"sent_at": "yesterday", "gpus": [sample(gpus[0].uuid)]}, format="json")
+
+    assert refused.status_code == 400
+    assert refused.json()["error"]["details"]["fields"]["gpus"] == {"0": {"utilization_pct": [ANY]}}
+    assert stored.status_code == 200, stored.json()
+    assert stored.json() == {"stored": 1, "ignored_gpus": []}
+    assert refused_again.status_code == 400
+    assert set(refused_again.json()["error"]["details"]["fields"]) == {"sent_at"}
+    assert list(GpuTelemetry.objects.values_list("gpu", "utilization_pct")) == [(gpus[1].pk, 5)]
 
 
 def test_only_a_current_node_token_is_accepted(node, alice):

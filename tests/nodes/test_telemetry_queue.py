@@ -197,6 +197,20 @@ def test_a_full_queue_refuses_the_report_with_a_reason_and_keeps_nothing_of_it(d
     assert client.post(TELEMETRY, body([sample(gpus[0].uuid)]), format="json").status_code == 200
 
 
+def test_a_queue_past_its_size_refuses_the_report_too(db, node, gpus, queued, settings):
+    settings.TELEMETRY_QUEUE_MAX_MB = 0.0001  # about 100 bytes: less than any stream holding one report
+    client = agent_client(node)
+    assert client.post(TELEMETRY, body([sample(gpus[0].uuid)]), format="json").status_code == 200  # empty before
+
+    refused = client.post(TELEMETRY, body([sample(gpus[0].uuid, utilization_pct=1)]), format="json")
+
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "telemetry_backlog"
+    assert redis_client().xlen(STREAM) == 1
+    assert telemetry_consume() == 1
+    assert GpuTelemetry.objects.get(gpu=gpus[0]).utilization_pct == 87
+
+
 @pytest.fixture
 def queued_scenario(db):
     """The scenario's nine reports of a node, queued."""
