@@ -34,6 +34,7 @@ django_application = PortalASGIHandler()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from kernel.runtime import freeze_loaded_objects  # noqa: E402
 from live.auth import LiveAuthMiddleware  # noqa: E402
 from live.routing import websocket_urlpatterns  # noqa: E402
 
@@ -43,3 +44,6 @@ application = ProtocolTypeRouter(
         "websocket": LiveAuthMiddleware(URLRouter(websocket_urlpatterns)),
     }
 )
+
+# Loaded: what the server holds from now on for as long as it runs is left out of garbage collection.
+freeze_loaded_objects()

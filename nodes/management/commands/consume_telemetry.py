@@ -14,6 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from kernel.runtime import freeze_loaded_objects
 from nodes.telemetry_queue import telemetry_consume, telemetry_consume_forever
 
 
@@ -32,6 +33,7 @@ class Command(BaseCommand):
             return
         if settings.TELEMETRY_INGEST != "queue":
             self.stdout.write("TELEMETRY_INGEST is not 'queue': the web processes store telemetry themselves")
+        freeze_loaded_objects()
         stop = threading.Event()
         for number in (signal.SIGTERM, signal.SIGINT):
             signal.signal(number, lambda *_: stop.set())
