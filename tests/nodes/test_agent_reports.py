@@ -170,6 +170,9 @@ def test_each_report_is_validated_on_its_own_after_a_refused_one(node, gpus):
     assert refused_again.status_code == 400
     assert set(refused_again.json()["error"]["details"]["fields"]) == {"sent_at"}
     assert list(GpuTelemetry.objects.values_list("gpu", "utilization_pct")) == [(gpus[1].pk, 5)]
+    nothing = client.post(TELEMETRY, "null", content_type="application/json")
+    assert nothing.status_code == 400
+    assert nothing.json()["error"]["details"]["fields"] == {"non_field_errors": ["No data provided"]}
 
 
 def test_only_a_current_node_token_is_accepted(node, alice):
@@ -307,3 +310,31 @@ def test_beat_prunes_events_hourly():
 
     entry = app.conf.beat_schedule["prune-node-events"]
     assert (entry["task"], entry["schedule"]) == (prune_events.name, 3600.0)
+
+
+def test_threads_validating_at_once_with_the_shared_serializer_each_get_their_own_body_back():
+    """nodes/agent_auth.py: one serializer per process validates every request's body, from the requests' own
+    threads at the same time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rest_framework.exceptions import ValidationError
+
+    from nodes.agent_auth import _validator
+    from nodes.ingest_serializers import TelemetrySerializer
+
+    def check(n: int) -> bool:
+        body = {"sent_at": "2030-01-07T09:00:00Z", "gpus": [sample(f"GPU-{n}", utilization_pct=n % 101)] * 8}
+        for _ in range(50):
+            if n % 7 == 0:  # some refused, in between
+                with pytest.raises(ValidationError) as refused:
+                    _validator(TelemetrySerializer).run_validation({**body, "sent_at": "no"})
+                if set(refused.value.detail) != {"sent_at"}:
+                    return False
+                continue
+            gpus = _validator(TelemetrySerializer).run_validation(body)["gpus"]
+            if [(g["uuid"], g["utilization_pct"]) for g in gpus] != [(f"GPU-{n}", n % 101)] * 8:
+                return False
+        return True
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(check, range(40)))
