@@ -431,6 +431,34 @@ def test_with_redis_away_the_web_process_stores_the_report_itself(db, node, gpus
     assert telemetry_queue._paused_until > time.monotonic()  # the second did not wait on Redis again
 
 
+@pytest.fixture
+def redis_without_scripts():
+    """A client of a Redis user with every right but scripting (EVAL, EVALSHA, SCRIPT)."""
+    user, password = "gpubook-test-noscript", "test-noscript-password"
+    admin = redis_client()
+    admin.execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}", "~*", "&*", "+@all", "-@scripting")
+    pool = admin.connection_pool  # the same server and database, as that user
+    kwargs = {**pool.connection_kwargs, "username": user, "password": password}
+    client = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+    yield client
+    client.close()
+    admin.execute_command("ACL", "DELUSER", user)
+
+
+def test_a_redis_user_that_may_not_run_scripts_is_named_and_the_report_stored_all_the_same(
+    db, node, gpus, queued, monkeypatch, redis_without_scripts, caplog
+):
+    monkeypatch.setattr(telemetry_queue, "redis_client", lambda: redis_without_scripts)
+    monkeypatch.setattr(telemetry_queue, "_paused_until", 0.0)
+
+    answer = agent_client(node).post(TELEMETRY, body([sample(gpus[0].uuid, utilization_pct=42)]), format="json")
+
+    assert answer.status_code == 200, answer.json()
+    assert GpuTelemetry.objects.get(gpu=gpus[0]).utilization_pct == 42  # stored by the web process
+    assert "may not run EVALSHA and EVAL" in caplog.text
+    assert "Redis is away" not in caplog.text
+
+
 def test_a_stream_made_again_behind_the_mark_is_read_from_its_start(db):
     node = with_agent_state(node_with_gpus(2, name="gpu-batched"))
     gpu0 = Gpu.objects.filter(node=node).order_by("index").first()
