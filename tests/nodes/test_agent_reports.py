@@ -152,7 +152,7 @@ def test_bad_reports_are_refused_with_the_field_named_and_nothing_stored(node, e
 
 
 def test_each_report_is_validated_on_its_own_after_a_refused_one(node, gpus):
-    """The endpoints validate with one serializer per thread (nodes/agent_auth.py): nothing of one body's
+    """The endpoints validate with one serializer per process (nodes/agent_auth.py): nothing of one body's
     validation, its errors or its values, reaches the next body's."""
     client = agent_client(node)
     now = timezone.now().isoformat()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -434,7 +435,7 @@ def test_with_redis_away_the_web_process_stores_the_report_itself(db, node, gpus
 @pytest.fixture
 def redis_without_scripts():
     """A client of a Redis user with every right but scripting (EVAL, EVALSHA, SCRIPT)."""
-    user, password = "gpubook-test-noscript", "test-noscript-password"
+    user, password = f"gpubook-test-noscript-{uuid.uuid4().hex[:12]}", uuid.uuid4().hex  # (suites run side by side)
     admin = redis_client()
     admin.execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}", "~*", "&*", "+@all", "-@scripting")
     pool = admin.connection_pool  # the same server and database, as that user
