@@ -86,18 +86,19 @@ def telemetry_enqueue(*, node: Node, samples: list[dict[str, Any]], now: datetim
                 json.dumps([node.pk, now.isoformat(), samples]),
             ],
         )
-    except redis.exceptions.NoPermissionError as exc:
-        _paused_until = time.monotonic() + PAUSE_SECONDS
-        logger.error(
-            "telemetry not queued: the portal's Redis user may not run EVALSHA and EVAL (%s; docs/agent.md, "
-            "'The broker'); web processes store it for the next %d s",
-            exc,
-            PAUSE_SECONDS,
-        )
-        raise QueueAway from exc
     except redis.RedisError as exc:
         _paused_until = time.monotonic() + PAUSE_SECONDS
-        logger.warning("telemetry not queued: Redis is away; web processes store it for the next %d s", PAUSE_SECONDS)
+        if isinstance(exc, redis.exceptions.NoPermissionError):
+            logger.error(
+                "telemetry not queued: the portal's Redis user may not run EVALSHA and EVAL (%s; docs/agent.md, "
+                "'The broker'); web processes store it for the next %d s",
+                exc,
+                PAUSE_SECONDS,
+            )
+        else:
+            logger.warning(
+                "telemetry not queued: Redis is away; web processes store it for the next %d s", PAUSE_SECONDS
+            )
         raise QueueAway from exc
     if not queued:
         raise QueueFull
