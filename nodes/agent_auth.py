@@ -34,7 +34,7 @@ class NodeAgent:
     is_booking_admin = False
     pk = None
 
-    def __init__(self, node: Node, gpu_uuids: frozenset[str] = frozenset()) -> None:
+    def __init__(self, node: Node, gpu_uuids: frozenset[str]) -> None:
         self.node = node
         self.gpu_uuids = gpu_uuids
 
