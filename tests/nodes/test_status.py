@@ -95,7 +95,8 @@ def test_the_status_api_and_page_need_a_login_and_show_each_their_cut(reporting,
     page.force_login(alice)
     response = page.get("/status/")
     assert response.status_code == 200
-    assert b"pid" not in response.content.split(b'id="status-config"')[1]
+    config = response.content.split(b'id="status-config"')[1].split(b"</script>")[0]
+    assert b'"pid"' not in config and b"4242" not in config
     assert b"Agent events" not in response.content
 
 
