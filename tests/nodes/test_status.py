@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -95,8 +96,11 @@ def test_the_status_api_and_page_need_a_login_and_show_each_their_cut(reporting,
     page.force_login(alice)
     response = page.get("/status/")
     assert response.status_code == 200
-    config = response.content.split(b'id="status-config"')[1].split(b"</script>")[0]
-    assert b'"pid"' not in config and b"4242" not in config
+    html = response.content.decode()
+    config = json.loads(html.split('<script id="status-config" type="application/json">')[1].split("</script>")[0])
+    nodes = config["status"]["nodes"]
+    shown = [gpu["telemetry"]["processes"] for node in nodes for gpu in node["gpus"] if gpu["telemetry"]]
+    assert shown == [[{"user": "alice", "used_memory_mib": 1000}]]  # no pid
     assert b"Agent events" not in response.content
 
 
