@@ -26,6 +26,7 @@ class Alert(models.Model):
         SLICE_GONE = "slice_gone", "Booked MIG slice gone"
         SLURM_UNREACHABLE = "slurm_unreachable", "Slurm controller unreachable"
         SLURM_REFUSED = "slurm_refused", "Booking refused by Slurm"
+        MIG_LAYOUT_CHANGED = "mig_layout_changed", "MIG layout changed, waiting for confirmation"
 
     kind = models.CharField(max_length=20, choices=Kind.choices)
     # None for an alert about the portal itself (periodic jobs late) or a Slurm cluster's controller.

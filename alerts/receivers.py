@@ -29,11 +29,14 @@ from alerts.conditions import (
 )
 from alerts.models import Alert
 from alerts.records import alerts_resolve
-from alerts.slices import alerts_slices_gone
+from alerts.slices import alerts_mig_layout_changed, alerts_mig_layout_confirmed, alerts_slices_gone
 from nodes.ingest import TelemetryReport
+from nodes.mig import CardLayout
 from nodes.models import Gpu, Node, NodeEvent
 from nodes.signals import (
     gpu_returned,
+    mig_layout_changed,
+    mig_layout_confirmed,
     mig_slices_gone,
     node_back_online,
     node_events_recorded,
@@ -97,6 +100,18 @@ def gpu_back_in_service(sender: type, gpu: Gpu, actor: Any, **kwargs: Any) -> No
 @receiver(mig_slices_gone.in_transaction)
 def booked_slices_gone(sender: type, node: Node, gpu_ids: list[int], now: datetime, **kwargs: Any) -> None:
     alerts_slices_gone(node=node, gpu_ids=gpu_ids, now=now)
+
+
+@receiver(mig_layout_changed.in_transaction)
+def card_layout_changed(
+    sender: type, card: Gpu, confirmed: CardLayout, reported: CardLayout, now: datetime, **kwargs: Any
+) -> None:
+    alerts_mig_layout_changed(card=card, confirmed=confirmed, reported=reported, now=now)
+
+
+@receiver(mig_layout_confirmed.in_transaction)
+def card_layout_confirmed(sender: type, card: Gpu, actor: Any, **kwargs: Any) -> None:
+    alerts_mig_layout_confirmed(card=card, actor=actor)
 
 
 @receiver(controller_unreachable.in_transaction)

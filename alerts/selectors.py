@@ -10,6 +10,7 @@ from django.db.models import QuerySet
 from django.urls import reverse
 
 from alerts.models import Alert
+from nodes.mig import CardLayout
 
 
 def open_alerts() -> QuerySet[Alert]:
@@ -58,6 +59,12 @@ def alert_summary(alert: Alert) -> str:
         return f"no answer{waited}: {details.get('problem') or 'unknown'}; bookings wait for the reconcile to catch up"
     if alert.kind == Alert.Kind.SLURM_REFUSED:
         return f"booking #{details.get('reservation')} has no reservation in Slurm: {details.get('problem')}"
+    if alert.kind == Alert.Kind.MIG_LAYOUT_CHANGED and details.get("reported"):
+        confirmed, reported = CardLayout(**details["confirmed"]), CardLayout(**details["reported"])
+        return (
+            f"confirmed: {confirmed}; its agent reports {reported}. Card and slices take no bookings until an admin "
+            "confirms (GPUs → Confirm the MIG layout)"
+        )
     if alert.kind == Alert.Kind.JOBS_LATE:
         return "; ".join(_job_late(job) for job in details.get("jobs") or []) or "periodic jobs stopped running"
     if alert.kind == Alert.Kind.IDLE:

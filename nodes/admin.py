@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -11,7 +12,7 @@ from django.utils import timezone
 from audit.admin import AuditedAdminMixin
 from nodes.broker_users import BrokerUserError, broker_users_forget
 from nodes.liveness import node_online
-from nodes.mig import mig_layout_confirm
+from nodes.mig import CardLayout, mig_layout_confirm, mig_layout_fingerprint
 from nodes.models import AgentState, Gpu, Node, NodeEvent
 from nodes.services import gpu_return_to_service, node_rotate_credentials
 from nodes.signals import node_power_policy_changed
@@ -120,6 +121,7 @@ class GpuAdmin(AuditedAdminMixin, admin.ModelAdmin):
         "model",
         "bookable",
         "mig_mode",
+        ("mig_change_at", admin.EmptyFieldListFilter),
         ("parent", admin.EmptyFieldListFilter),
         ("drained_at", admin.EmptyFieldListFilter),
     )
@@ -132,31 +134,85 @@ class GpuAdmin(AuditedAdminMixin, admin.ModelAdmin):
         "mig_mode",
         "profile",
         "compute_slices",
+        "memory_slices",
         "placement_start",
         "placement_size",
         "gone_at",
+        "mig_layout_waiting",
+        "reported_compute_slices",
     )
     actions = ["return_to_service", "confirm_mig_layout"]
+
+    @admin.display(description="MIG layout waiting for confirmation")
+    def mig_layout_waiting(self, obj: Gpu) -> str:
+        """A card's change its agent reported, which counts for nothing until confirmed (nodes/mig.py)."""
+        waiting = CardLayout.waiting(obj)
+        if waiting is None:
+            return "–"
+        since = timezone.localtime(obj.mig_change_at).strftime("%Y-%m-%d %H:%M:%S") if obj.mig_change_at else ""
+        return f"{CardLayout.confirmed(obj)} → {waiting} (reported {since}; card and slices not bookable until then)"
 
     @admin.action(
         description="Confirm the MIG layout the agent reports (its slices become bookable)", permissions=["change"]
     )
-    def confirm_mig_layout(self, request: HttpRequest, queryset: QuerySet[Gpu]) -> None:
-        for card in queryset.select_related("node"):
+    def confirm_mig_layout(self, request: HttpRequest, queryset: QuerySet[Gpu]) -> TemplateResponse | None:
+        """First a page with what each card's agent reports (a change of the card's numbers or mode beside the
+        confirmed ones, its slices); confirming there applies exactly that, and refuses a card whose layout
+        changed after the page was shown."""
+        cards = list(queryset.select_related("node").order_by("node__name", "index", "pk"))
+        if "apply" not in request.POST:
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Confirm MIG layouts",
+                "cards": [_layout_shown(card) for card in cards],
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                "action": "confirm_mig_layout",
+            }
+            return TemplateResponse(request, "admin/nodes/confirm_mig_layout.html", context)
+        for card in cards:
+            waiting = CardLayout.waiting(card)
+            change = f"{CardLayout.confirmed(card)} → {waiting} confirmed; " if waiting else ""
             try:
-                confirmed = mig_layout_confirm(card=card, actor=request.user)
+                confirmed = mig_layout_confirm(
+                    card=card, actor=request.user, seen=request.POST.get(f"seen-{card.pk}", "")
+                )
             except ValueError as refusal:
                 self.message_user(request, str(refusal), messages.ERROR)
+                continue
+            if waiting is not None and not waiting.mig_mode:
+                self.message_user(request, f"{card}: {change}it is booked as one GPU again.", messages.SUCCESS)
             else:
                 profiles = ", ".join(piece.profile for piece in confirmed)
                 self.message_user(
-                    request, f"{card}: {len(confirmed)} slice(s) bookable ({profiles}).", messages.SUCCESS
+                    request, f"{card}: {change}{len(confirmed)} slice(s) bookable ({profiles}).", messages.SUCCESS
                 )
+        return None
 
     @admin.action(description="Return drained GPUs to service", permissions=["change"])
     def return_to_service(self, request: HttpRequest, queryset: QuerySet[Gpu]) -> None:
         returned = sum(gpu_return_to_service(gpu=gpu, actor=request.user) for gpu in queryset)
         self.message_user(request, f"{returned} GPU(s) returned to service.", messages.SUCCESS)
+
+
+def _layout_shown(card: Gpu) -> dict[str, Any]:
+    """A card as the confirmation page shows it, with the fingerprint of what it shows."""
+    waiting = CardLayout.waiting(card)
+    slices = [] if card.parent_id is not None else card.slices.filter(gone_at__isnull=True).order_by("placement_start")
+    return {
+        "card": card,
+        "confirmed": CardLayout.confirmed(card),
+        "waiting": waiting,
+        "slices": [
+            {
+                "piece": piece,
+                "compute": piece.compute_slices,
+                "reported_compute": piece.reported_compute_slices,
+                "bookable": piece.bookable,
+            }
+            for piece in slices
+        ],
+        "seen": mig_layout_fingerprint(card),
+    }
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -9,12 +9,25 @@ reported is marked gone (``gone_at``) and taken out of booking; its row stays fo
 name it, which alerts flag and whose holders it tells (``mig_slices_gone``). A slice whose profile or
 placement changed waits for confirmation again.
 
+The numbers slices count by are the admin's too. A slice counts in limits, fair share and energy as its
+compute slices over its card's (``card_share``), so a report that changed them would re-count every booking
+of the card, past and future. The card's MIG mode, compute slices and memory slices, and each slice's
+compute slices, therefore change only when an admin confirms: what the agent reports otherwise is kept
+beside them (``reported_*``) and waits. A card-level change (MIG on or off, other compute or memory slices)
+takes the card and its slices out of booking at once, until the confirmation, and is announced
+(``mig_layout_changed``: alerts opens one alert per change, resolved by the confirmation). Out of booking
+is the safe side: a card whose layout is unknown is neither booked as one GPU nor as slices that may not
+exist (docs/agent.md, "MIG slices").
+
 Rows change only when the layout does: a heartbeat that repeats the layout writes nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -23,9 +36,60 @@ from django.db import transaction
 from audit.services import audit_record
 from gpubook_agent.gpus.simulated import COMPUTE_SLICES, PLACEMENT_SLOTS, parse_simulated_mig, simulated_mig_uuid
 from nodes.models import Gpu, Node
-from nodes.signals import mig_slices_gone
+from nodes.signals import mig_layout_changed, mig_layout_confirmed, mig_slices_gone
 
-LAYOUT_FIELDS = ("profile", "compute_slices", "placement_start", "placement_size")
+# What places a slice on its card: written as reported (a change waits for the admin, not bookable). Its compute
+# slices, what it counts for, wait in ``reported_compute_slices`` instead.
+PLACE_FIELDS = ("profile", "placement_start", "placement_size")
+
+
+@dataclass(frozen=True)
+class CardLayout:
+    """What a card's slices count by: its MIG mode and, in MIG mode, its compute and memory slices (7 and 8 on
+    A100/H100). ``memory_slices`` None: not recorded (a card confirmed before the portal kept it)."""
+
+    mig_mode: bool
+    compute_slices: int
+    memory_slices: int | None
+
+    @classmethod
+    def confirmed(cls, card: Gpu) -> CardLayout:
+        return cls(card.mig_mode, card.compute_slices, card.memory_slices)
+
+    @classmethod
+    def waiting(cls, card: Gpu) -> CardLayout | None:
+        """What the card's agent reported that waits for an admin, or None."""
+        if card.mig_change_at is None:
+            return None
+        return cls(bool(card.reported_mig_mode), card.reported_compute_slices or 0, card.reported_memory_slices)
+
+    @classmethod
+    def reported(cls, reported: dict[str, Any]) -> CardLayout:
+        return cls(
+            reported["mode_current"] and reported["mode_pending"],
+            reported["compute_slices"],
+            reported["placement_slots"],
+        )
+
+    def differs_from(self, confirmed: CardLayout) -> bool:
+        """Whether this reported layout changes what the ``confirmed`` one counts by. Out of MIG mode both, the
+        numbers count for nothing new (a card's gone slices keep counting by the confirmed ones); an unrecorded
+        memory count is no difference (memory slices count in no arithmetic: the first report records it)."""
+        if self.mig_mode != confirmed.mig_mode:
+            return True
+        if not self.mig_mode:
+            return False
+        memory_changed = confirmed.memory_slices is not None and self.memory_slices != confirmed.memory_slices
+        return self.compute_slices != confirmed.compute_slices or memory_changed
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        if not self.mig_mode:
+            return "MIG off"
+        memory = "?" if self.memory_slices is None else self.memory_slices
+        return f"MIG on, {self.compute_slices} compute and {memory} memory slices"
 
 
 def mig_layout_record(*, node: Node, cards: Iterable[dict[str, Any]], known: dict[str, Gpu], now: datetime) -> bool:
@@ -42,17 +106,9 @@ def mig_layout_record(*, node: Node, cards: Iterable[dict[str, Any]], known: dic
 
 
 def _record_card(node: Node, card: Gpu, reported: dict[str, Any], known: dict[str, Gpu], now: datetime) -> bool:
-    changed = False
-    mode = {
-        "mig_mode": reported["mode_current"] and reported["mode_pending"],
-        "compute_slices": reported["compute_slices"],
-    }
-    if any(getattr(card, field) != value for field, value in mode.items()):
-        Gpu.objects.filter(pk=card.pk).update(**mode)
-        changed = True
+    changed = _record_card_layout(card, CardLayout.reported(reported), now)
     slices = {gpu.uuid: gpu for gpu in known.values() if gpu.parent_id == card.pk}
     for piece in reported["slices"]:
-        layout = {field: piece[field] for field in LAYOUT_FIELDS}
         row = slices.get(piece["uuid"])
         if row is None:
             if piece["uuid"] in known or Gpu.objects.filter(uuid=piece["uuid"]).exists():
@@ -65,40 +121,152 @@ def _record_card(node: Node, card: Gpu, reported: dict[str, Any], known: dict[st
                 model=card.model,
                 memory_mib=piece["memory_mib"] or 0,
                 bookable=False,  # until an admin confirms the layout
-                **layout,
+                compute_slices=piece["compute_slices"],  # new: no booking counts by it yet
+                **{field: piece[field] for field in PLACE_FIELDS},
             )
             changed = True
-        elif row.gone_at is not None or any(getattr(row, field) != value for field, value in layout.items()):
-            # Back, or moved: either way the layout is new and waits for an admin.
-            Gpu.objects.filter(pk=row.pk).update(gone_at=None, bookable=False, **layout)
+            continue
+        writes = _slice_writes(row, piece)
+        if writes:
+            Gpu.objects.filter(pk=row.pk).update(**writes)
             changed = True
     still_there = {piece["uuid"] for piece in reported["slices"]}
     gone = [row.pk for uuid, row in slices.items() if row.gone_at is None and uuid not in still_there]
     if gone:
-        Gpu.objects.filter(pk__in=gone).update(gone_at=now, bookable=False)
+        # A gone slice's bookings keep counting by its confirmed compute slices; a change it reported is moot.
+        Gpu.objects.filter(pk__in=gone).update(gone_at=now, bookable=False, reported_compute_slices=None)
         mig_slices_gone.send(sender=Gpu, node=node, gpu_ids=gone, now=now)
         changed = True
     return changed
 
 
-def mig_layout_confirm(*, card: Gpu, actor: Any) -> list[Gpu]:
-    """An admin accepts the layout ``card``'s agent reports: its present slices become bookable.
-    Returns them. Refused (ValueError, with words) for a card not in MIG mode or with no slices."""
+def _slice_writes(row: Gpu, piece: dict[str, Any]) -> dict[str, Any]:
+    """What a reported slice changes on its row: nothing if it is as stored; else it is back or moved or
+    resized, and either way its layout is new and waits for an admin (not bookable), its compute slices in
+    ``reported_compute_slices`` until then (None: the confirmed ones again)."""
+    place = {field: piece[field] for field in PLACE_FIELDS}
+    compute = piece["compute_slices"]
+    waiting = None if compute == row.compute_slices else compute
+    if (
+        row.gone_at is None
+        and row.reported_compute_slices == waiting
+        and all(getattr(row, field) == value for field, value in place.items())
+    ):
+        return {}
+    return {"gone_at": None, "bookable": False, "reported_compute_slices": waiting, **place}
+
+
+def _card_writes(card: Gpu, layout: CardLayout, now: datetime) -> dict[str, Any]:
+    """What a reported card layout changes on the card's row: nothing when it repeats what is confirmed or
+    already waiting; the new waiting layout (and since when, for the first) when it differs; the memory
+    slices alone when they were not recorded yet and nothing else differs."""
+    reported = {
+        "reported_mig_mode": layout.mig_mode,
+        "reported_compute_slices": layout.compute_slices,
+        "reported_memory_slices": layout.memory_slices,
+    }
+    waiting = CardLayout.waiting(card)
+    if waiting is not None:
+        return {} if waiting == layout else reported
+    if layout.differs_from(CardLayout.confirmed(card)):
+        return {**reported, "mig_change_at": now}
+    if layout.mig_mode and card.memory_slices is None:
+        return {"memory_slices": layout.memory_slices}
+    return {}
+
+
+def _record_card_layout(card: Gpu, layout: CardLayout, now: datetime) -> bool:
+    if not _card_writes(card, layout, now):
+        return False  # as read with the report: a repeated layout writes nothing and locks nothing
+    # Decide again on the row as it is now, locked: an admin's confirmation may have committed since the
+    # report's read, and must not meet a half-recorded change.
+    card = Gpu.objects.select_for_update().get(pk=card.pk)
+    writes = _card_writes(card, layout, now)
+    if not writes:
+        return False
+    Gpu.objects.filter(pk=card.pk).update(**writes)
+    if "reported_mig_mode" in writes:
+        if "mig_change_at" in writes:  # the first report of a change: its slices leave booking at once
+            Gpu.objects.filter(parent=card, bookable=True).update(bookable=False)
+        mig_layout_changed.send(sender=Gpu, card=card, confirmed=CardLayout.confirmed(card), reported=layout, now=now)
+    return True
+
+
+def mig_layout_fingerprint(card: Gpu) -> str:
+    """What an admin looks at before confirming ``card``'s layout, in a few characters: its confirmed and
+    waiting layouts and its present slices as reported. The confirmation page carries it, so that a layout
+    that changed after the admin looked is not confirmed unseen."""
+    present = card.slices.filter(gone_at__isnull=True).order_by("placement_start", "pk")
+    seen = {
+        "confirmed": CardLayout.confirmed(card).as_dict(),
+        "waiting": layout.as_dict() if (layout := CardLayout.waiting(card)) else None,
+        "slices": [
+            [
+                piece.uuid,
+                *(getattr(piece, field) for field in PLACE_FIELDS),
+                piece.compute_slices,
+                piece.reported_compute_slices,
+            ]
+            for piece in present
+        ],
+    }
+    return hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def mig_layout_confirm(*, card: Gpu, actor: Any, seen: str | None = None) -> list[Gpu]:
+    """An admin accepts the layout ``card``'s agent reports. A card-level change waiting (MIG on or off,
+    other compute or memory slices) becomes the card's, the compute slices its slices report theirs, and
+    in MIG mode its present slices become bookable; returns them (none once MIG is off: the card is one GPU
+    again). ``seen``: the ``mig_layout_fingerprint`` the admin looked at; a layout that changed since is
+    refused. Refused (ValueError, with words) too for a slice, a card not in MIG mode with nothing waiting,
+    and a card in MIG mode with no slices."""
     if card.parent_id is not None:
         raise ValueError(f"{card} is a slice: confirm the layout on its card.")
-    if not card.mig_mode:
-        raise ValueError(f"{card} is not in MIG mode (current and pending): there is no layout to confirm.")
-    present = list(card.slices.filter(gone_at__isnull=True).order_by("placement_start"))
-    if not present:
-        raise ValueError(f"{card}'s agent has reported no slices yet.")
     with transaction.atomic():
+        card = Gpu.objects.select_for_update().select_related("node").get(pk=card.pk)
+        if seen is not None and seen != mig_layout_fingerprint(card):
+            raise ValueError(f"{card}: its agent reported another layout since you looked. Look again.")
+        before = CardLayout.confirmed(card)
+        after = CardLayout.waiting(card) or before
+        if not after.mig_mode and card.mig_change_at is None:
+            raise ValueError(f"{card} is not in MIG mode (current and pending): there is no layout to confirm.")
+        present = list(card.slices.filter(gone_at__isnull=True).order_by("placement_start")) if after.mig_mode else []
+        if after.mig_mode and not present:
+            raise ValueError(f"{card}'s agent has reported no slices yet.")
+        # Out of MIG mode the card keeps its numbers: its gone slices' bookings count by them.
+        numbers = (
+            {"compute_slices": after.compute_slices, "memory_slices": after.memory_slices} if after.mig_mode else {}
+        )
+        Gpu.objects.filter(pk=card.pk).update(
+            mig_mode=after.mig_mode,
+            reported_mig_mode=None,
+            reported_compute_slices=None,
+            reported_memory_slices=None,
+            mig_change_at=None,
+            **numbers,
+        )
+        for piece in present:
+            if piece.reported_compute_slices is not None:
+                piece.compute_slices, piece.reported_compute_slices = piece.reported_compute_slices, None
+                Gpu.objects.filter(pk=piece.pk).update(
+                    compute_slices=piece.compute_slices, reported_compute_slices=None
+                )
+            piece.bookable = True
         Gpu.objects.filter(pk__in=[piece.pk for piece in present], bookable=False).update(bookable=True)
         audit_record(
             actor=actor,
             action="gpu.mig_layout_confirm",
             target=card,
-            after={"slices": [f"{piece.profile}@{piece.placement_start} {piece.uuid}" for piece in present]},
+            before={"layout": str(before)},
+            after={
+                "layout": str(after),
+                "slices": [
+                    f"{piece.profile}@{piece.placement_start} ({piece.compute_slices} compute) {piece.uuid}"
+                    for piece in present
+                ],
+            },
         )
+        mig_layout_confirmed.send(sender=Gpu, card=card, actor=actor)
     return present
 
 
@@ -124,7 +292,9 @@ def simulated_mig_cards_make(node: Node, layout: str) -> list[Gpu]:
     made = []
     for index, planned in parse_simulated_mig(layout).items():
         card = Gpu.objects.get(node=node, index=index, parent=None)
-        Gpu.objects.filter(pk=card.pk).update(mig_mode=True, compute_slices=COMPUTE_SLICES)
+        Gpu.objects.filter(pk=card.pk).update(
+            mig_mode=True, compute_slices=COMPUTE_SLICES, memory_slices=PLACEMENT_SLOTS
+        )
         for piece in planned:
             row, _ = Gpu.objects.get_or_create(
                 uuid=simulated_mig_uuid(node.name, index, piece.placement_start, piece.profile),

@@ -137,6 +137,18 @@ class Gpu(models.Model):
     placement_size = models.PositiveSmallIntegerField(default=1, editable=False)
     # A slice its agent no longer reports (the layout changed): kept for the bookings that name it, not bookable.
     gone_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Cards: how many memory slices the card has in MIG mode (8 on A100/H100), the range its slices' placements
+    # lie in; None: not recorded yet (cards confirmed before the portal kept it; nodes/mig.py).
+    memory_slices = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
+    # What the agent reports that differs from the confirmed values above, waiting for an admin
+    # (nodes/mig.py, mig_layout_confirm). Limits, fair share and energy count by the confirmed values only, so
+    # a report cannot change what a slice counts for. A card: its MIG mode and numbers, and since when they
+    # differ (``mig_change_at``; while set, neither the card nor its slices take bookings). A slice: its
+    # compute slices (``reported_compute_slices``; the slice waits too, not bookable).
+    reported_mig_mode = models.BooleanField("reported MIG mode", null=True, blank=True, editable=False)
+    reported_compute_slices = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
+    reported_memory_slices = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
+    mig_change_at = models.DateTimeField("MIG change reported at", null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["node__name", "index"]
@@ -187,7 +199,7 @@ class Gpu(models.Model):
 
     @property
     def is_bookable(self) -> bool:
-        return self.bookable and self.drained_at is None
+        return self.bookable and self.drained_at is None and self.mig_change_at is None
 
 
 def card_share(unit_slices: int, card_slices: int | None) -> Fraction:
@@ -211,14 +223,14 @@ def memory_gb_to_mib(gb: int | None) -> int | None:
     return None if gb is None else gb * 1000**3 // 1024**2
 
 
-# GPUs that take new bookings, as a filter (the queryset twin of Gpu.is_bookable).
 def cuda_visible_devices(gpus: list[Gpu]) -> str:
     """What a job on the node sets CUDA_VISIBLE_DEVICES to for these GPUs. UUIDs, not indices:
     CUDA's own numbering need not match nvidia-smi's; UUIDs always do."""
     return ",".join(gpu.uuid for gpu in gpus)
 
 
-BOOKABLE_GPUS = models.Q(bookable=True, drained_at__isnull=True)
+# GPUs that take new bookings, as a filter (the queryset twin of Gpu.is_bookable).
+BOOKABLE_GPUS = models.Q(bookable=True, drained_at__isnull=True, mig_change_at__isnull=True)
 
 # Beyond any card's memory slices (8 on today's MIG cards): the placement a whole-card booking covers.
 WHOLE_CARD = 64

@@ -47,3 +47,12 @@ node_power_policy_changed = PhasedSignal("node_power_policy_changed")
 # MIG slices its agent no longer reports were taken out of booking (nodes/mig.py). node, gpu_ids (the
 # slices), now. Bookings that name them are flagged and their holders told (alerts).
 mig_slices_gone = PhasedSignal("mig_slices_gone")
+
+# A card's agent reported a MIG mode or card numbers (compute or memory slices) that differ from the confirmed
+# ones (nodes/mig.py), sender=Gpu: the card and its slices wait, not bookable, until an admin confirms. card,
+# confirmed and reported (nodes.mig.CardLayout), now. Sent again when the waiting layout changes; a heartbeat
+# that repeats it sends nothing. Alerts opens one alert per card while it waits.
+mig_layout_changed = PhasedSignal("mig_layout_changed")
+
+# An admin confirmed a card's MIG layout (nodes/mig.py, mig_layout_confirm), sender=Gpu. card, actor.
+mig_layout_confirmed = PhasedSignal("mig_layout_confirmed")

@@ -101,8 +101,8 @@ def _gpu_state(*, online: bool, node: Node, gpu: Any, window: MaintenanceWindow 
         return "drained"
     if window is not None or node.status == Node.Status.MAINTENANCE:
         return "maintenance"
-    if not gpu.bookable or node.status == Node.Status.DISABLED:
-        return "not_bookable"
+    if not gpu.bookable or gpu.mig_change_at is not None or node.status == Node.Status.DISABLED:
+        return "not_bookable"  # a card whose MIG layout changed waits for an admin (nodes/mig.py)
     return "in_use" if gpu.current_reservation is not None else "free"
 
 

@@ -147,6 +147,7 @@ def bookable_units(*, profile: str = "") -> QuerySet[Gpu]:
             parent__mig_mode=True,
             parent__bookable=True,
             parent__drained_at__isnull=True,
+            parent__mig_change_at__isnull=True,
         )
     present = Gpu.objects.filter(parent=OuterRef("pk"), gone_at__isnull=True)
     return Gpu.objects.filter(BOOKABLE_GPUS, parent__isnull=True).exclude(

@@ -481,9 +481,12 @@ def _bookable_node(gpus: list[Gpu]) -> Node:
     node = gpus[0].node
     if not node.is_bookable:
         raise InvalidBooking(f"Node {node.name} is {node.get_status_display().lower()} and takes no bookings.")
-    unbookable = [str(gpu) for gpu in gpus if not _unit_bookable(gpu)]
+    unbookable = [gpu for gpu in gpus if not _unit_bookable(gpu)]
     if unbookable:
-        raise InvalidBooking(f"{', '.join(unbookable)} cannot be booked right now.", field="gpus")
+        # A card whose MIG layout changed on the node (nodes/mig.py) is the one reason a person can wait out.
+        waiting = sorted({str(card) for card in (gpu.parent or gpu for gpu in unbookable) if card.mig_change_at})
+        why = f" The MIG layout of {', '.join(waiting)} changed on its node and waits for an admin." if waiting else ""
+        raise InvalidBooking(f"{', '.join(map(str, unbookable))} cannot be booked right now.{why}", field="gpus")
     if node.books_whole:
         every = list(Gpu.objects.filter(node=node, parent=None, bookable=True).order_by("index"))
         if {gpu.pk for gpu in gpus} != {gpu.pk for gpu in every}:

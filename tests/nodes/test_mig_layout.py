@@ -15,7 +15,7 @@ from alerts.models import Alert
 from audit.models import AuditEntry
 from gpubook_agent import protocol
 from nodes.admin import GpuAdmin
-from nodes.mig import mig_layout_confirm
+from nodes.mig import CardLayout, mig_layout_confirm
 from nodes.models import Gpu
 from notifications.services import outbox_drain
 from tests.factories import node_with_gpus
@@ -62,7 +62,8 @@ def test_a_reported_layout_makes_slices_that_wait_for_an_admin(report, gpus, car
     report(layout(gpus[0], A, B, C))
     card = Gpu.objects.get(pk=gpus[0].pk)
     slices = list(card.slices.order_by("placement_start"))
-    assert card.mig_mode and card.compute_slices == 7
+    # MIG going on is a change of the card too (issue 36): it waits for the admin, out of booking meanwhile.
+    assert not card.mig_mode and CardLayout.waiting(card) == CardLayout(True, 7, 8) and not card.is_bookable
     assert [(s.profile, s.placement_start, s.placement_size, s.bookable) for s in slices] == [
         ("3g.40gb", 0, 4, False),
         ("2g.20gb", 4, 2, False),
@@ -73,6 +74,8 @@ def test_a_reported_layout_makes_slices_that_wait_for_an_admin(report, gpus, car
     confirmed = mig_layout_confirm(card=card, actor=carol)
     assert [s.uuid for s in confirmed] == [A["uuid"], B["uuid"], C["uuid"]]
     assert all(s.bookable for s in card.slices.all())
+    card.refresh_from_db()
+    assert card.mig_mode and (card.compute_slices, card.memory_slices) == (7, 8) and card.is_bookable
     assert AuditEntry.objects.filter(action="gpu.mig_layout_confirm").exists()
 
 
@@ -128,17 +131,48 @@ def test_an_impossible_layout_is_refused_whole(node, gpus, slices, words):
     assert not Gpu.objects.filter(parent__isnull=False).exists()
 
 
-def test_the_admin_action_confirms_and_says_why_not(report, gpus, carol):
-    report(layout(gpus[0], A, B))
-    request = RequestFactory().post("/admin/nodes/gpu/")
-    request.user = carol
+def admin_post(user, data: dict | None = None):
+    request = RequestFactory().post("/admin/nodes/gpu/", data or {})
+    request.user = user
     request.session = {}
     request._messages = FallbackStorage(request)
-    GpuAdmin(Gpu, site).confirm_mig_layout(request, Gpu.objects.filter(pk__in=[gpus[0].pk, gpus[1].pk]))
+    return request
+
+
+def test_the_admin_action_shows_the_layout_then_confirms_what_was_shown_and_says_why_not(report, gpus, carol):
+    report(layout(gpus[0], A, B))
+    chosen = Gpu.objects.filter(pk__in=[gpus[0].pk, gpus[1].pk])
+    page = GpuAdmin(Gpu, site).confirm_mig_layout(admin_post(carol), chosen)
+    page.render()
+    assert "MIG off" in page.content.decode() and "MIG on, 7 compute and 8 memory slices" in page.content.decode()
+    seen = {f"seen-{shown['card'].pk}": shown["seen"] for shown in page.context_data["cards"]}
+    assert not Gpu.objects.get(pk=gpus[0].pk).mig_mode  # looking confirms nothing
+
+    request = admin_post(carol, {"apply": "1", **seen})
+    assert GpuAdmin(Gpu, site).confirm_mig_layout(request, chosen) is None
     said = [str(message) for message in request._messages]
-    assert any("2 slice(s) bookable (3g.40gb, 2g.20gb)" in line for line in said)
+    assert any(
+        "MIG off → MIG on, 7 compute and 8 memory slices confirmed; 2 slice(s) bookable (3g.40gb, 2g.20gb)" in line
+        for line in said
+    )
     assert any("not in MIG mode" in line for line in said)
     assert all(s.bookable for s in Gpu.objects.get(pk=gpus[0].pk).slices.all())
+
+
+def test_a_layout_reported_after_the_admin_looked_is_not_confirmed_unseen(report, gpus, carol):
+    report(layout(gpus[0], A, B))
+    chosen = Gpu.objects.filter(pk=gpus[0].pk)
+    page = GpuAdmin(Gpu, site).confirm_mig_layout(admin_post(carol), chosen)
+    seen = {f"seen-{shown['card'].pk}": shown["seen"] for shown in page.context_data["cards"]}
+    report(layout(gpus[0], A, B, C))  # a new slice while the admin reads the page
+
+    request = admin_post(carol, {"apply": "1", **seen})
+    GpuAdmin(Gpu, site).confirm_mig_layout(request, chosen)
+    assert [str(message) for message in request._messages] == [
+        "gpu-a100/GPU 0: its agent reported another layout since you looked. Look again."
+    ]
+    card = Gpu.objects.get(pk=gpus[0].pk)
+    assert not card.mig_mode and not any(s.bookable for s in card.slices.all())
 
 
 def test_a_booked_slice_that_vanishes_is_flagged_and_its_holder_mailed_once(
