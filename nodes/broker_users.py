@@ -20,8 +20,10 @@ docker-compose at start. The passwords are 32 random bytes, so an unsalted hash 
 Rotation sets the new password and then ends the connections already logged in with the old one,
 which a password change alone would leave open.
 
-The portal manages the users through its own broker connection (CELERY_BROKER_URL), whose Redis user
-must be allowed ``ACL`` and ``CLIENT KILL``.
+The users live on the nodes' broker (NODE_BROKER_URL, nodes/node_broker.py: a Redis of the nodes' own, or by
+default the portal's), and the portal manages them through its own connection to it, whose Redis user must
+be allowed ``ACL`` and ``CLIENT KILL``. A nodes' broker a node has filled up (maxclients) refuses that
+connection too: registering or rotating a node then fails and changes nothing, and beat's sync waits.
 """
 
 from __future__ import annotations
@@ -50,10 +52,10 @@ REDIS_SCHEMES = ("redis", "rediss")
 TIMEOUT_SECONDS = 5
 # What the agent's consumer sends, and nothing more (docs/agent.md lists each command and why).
 AGENT_COMMANDS = ("-@all", "+ping", "+brpop")
-# What the portal's own Redis user must be allowed for this module to work.
+# What the portal's Redis user on the nodes' broker must be allowed for this module to work.
 MANAGER_COMMANDS = (("ACL", "SETUSER"), ("ACL", "GETUSER"), ("ACL", "DELUSER"), ("CLIENT", "KILL"))
 DISABLE_HINT = (
-    "or set NODE_BROKER_USERS=false to give every node the portal's own broker credential "
+    "or set NODE_BROKER_USERS=false to give every node the portal's own credential for the nodes' broker "
     "(one node's config then opens every queue)"
 )
 
@@ -122,16 +124,16 @@ def _shown(url: str) -> str:
 
 def settings_problem() -> str | None:
     """What keeps per-node users from working whatever the server says, or None."""
-    portal, agents = settings.CELERY_BROKER_URL, settings.AGENT_BROKER_URL
+    portal, agents = settings.NODE_BROKER_URL, settings.AGENT_BROKER_URL
     if urlsplit(portal).scheme not in REDIS_SCHEMES or urlsplit(agents).scheme not in REDIS_SCHEMES:
         return (
-            f"NODE_BROKER_USERS needs a Redis broker (redis:// or rediss://), and the broker is {_shown(portal)} "
-            f"(the nodes: {_shown(agents)}): set NODE_BROKER_USERS=false and give each node a broker user of its "
-            "own by hand (docs/agent.md, 'Other brokers')"
+            "NODE_BROKER_USERS needs a Redis broker (redis:// or rediss://), and the nodes' broker is "
+            f"{_shown(portal)} (the nodes: {_shown(agents)}): set NODE_BROKER_USERS=false and give each node a "
+            "broker user of its own by hand (docs/agent.md, 'Other brokers')"
         )
     if redis_database(portal) != redis_database(agents):
         return (
-            f"AGENT_BROKER_URL ({_shown(agents)}) names database {redis_database(agents)}, the portal's broker "
+            f"AGENT_BROKER_URL ({_shown(agents)}) names database {redis_database(agents)}, NODE_BROKER_URL "
             f"({_shown(portal)}) database {redis_database(portal)}: the nodes would watch queues nobody fills"
         )
     return None
@@ -139,11 +141,11 @@ def settings_problem() -> str | None:
 
 @contextmanager
 def _manager(action: str) -> Iterator[redis.Redis]:
-    """The portal's own connection to the broker, with every failure turned into a BrokerUserError."""
+    """The portal's own connection to the nodes' broker, with every failure turned into a BrokerUserError."""
     problem = settings_problem()
     if problem:
         raise BrokerUserError(problem)
-    url = settings.CELERY_BROKER_URL
+    url = settings.NODE_BROKER_URL
     client = redis.Redis.from_url(url, socket_timeout=TIMEOUT_SECONDS, socket_connect_timeout=TIMEOUT_SECONDS)
     try:
         yield client
@@ -304,7 +306,7 @@ class BrokerProbe:
 
 
 def broker_probe() -> BrokerProbe:
-    url = settings.CELERY_BROKER_URL
+    url = settings.NODE_BROKER_URL
     client = redis.Redis.from_url(url, socket_timeout=TIMEOUT_SECONDS, socket_connect_timeout=TIMEOUT_SECONDS)
     try:
         try:

@@ -1,10 +1,11 @@
-"""System checks for the nodes' broker credentials (nodes/broker_users.py).
+"""System checks for the nodes' broker and their credentials (nodes/node_broker.py, nodes/broker_users.py).
 
 A per-node broker user that cannot be made would stop register_node, so what can be known from the
 settings alone is an error at every start. What the broker itself says (ACLs at all, the portal's right
 to manage them, a default user that needs no password) and the nodes still on the portal's own
 credential need a server, so like the database checks those run only when asked: ``manage.py
-migrate`` and ``manage.py check --database default``.
+migrate`` and ``manage.py check --database default``. Nodes sharing the portal's own Redis is a deployment
+matter, which a lab on one Redis (the demo, a laptop) may accept: ``manage.py check --deploy`` says it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError
-from kombu.utils.url import maybe_sanitize_url
 
 from nodes.broker_users import DISABLE_HINT, broker_probe, settings_problem
 from nodes.models import Node
+from nodes.node_broker import portal_settings_sharing_the_node_broker, shown_url
 
 
 @register()
@@ -34,14 +35,14 @@ def check_broker_user_settings(app_configs: Any = None, **kwargs: Any) -> list[C
 def check_broker_password_is_not_the_example(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """deploy/portal.env.example's placeholder is public: with it, Redis' password (the only thing between a
     node and every queue) is known to all, and Compose cannot tell it from a real one."""
-    for name in ("REDIS_URL", "CELERY_BROKER_URL"):
+    for name in ("REDIS_URL", "CELERY_BROKER_URL", "NODE_BROKER_URL"):
         password = urlsplit(getattr(settings, name, "") or "").password or ""
         if password.startswith("replace-with-"):
             return [
                 Error(
                     f"{name} still carries the example's Redis password ({password}).",
                     hint="Generate one (python3 -c 'import secrets; print(secrets.token_urlsafe(24))') and set it "
-                    "as REDIS_PASSWORD in .env; deploy/portal.env.example.",
+                    "in .env (REDIS_PASSWORD, NODE_BROKER_PASSWORD); deploy/portal.env.example.",
                     id="nodes.E004",
                 )
             ]
@@ -54,7 +55,7 @@ def check_broker_server(
 ) -> list[CheckMessage]:
     if not databases or not settings.NODE_BROKER_USERS or settings_problem():
         return []
-    shown = maybe_sanitize_url(settings.CELERY_BROKER_URL)
+    shown = shown_url()
     messages: list[CheckMessage] = []
     probe = broker_probe()
     if not probe.reachable:
@@ -113,3 +114,26 @@ def check_broker_server(
                 )
             )
     return messages
+
+
+@register(Tags.security, deploy=True)
+def check_node_broker_is_its_own(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Redis cannot cap one user's connections: a node's broker credential can open them until maxclients, and
+    a Redis shared with the portal then refuses the portal too. A deployment check, quiet under DEBUG and where
+    NODE_BROKER_SHARED says the lab accepts it (the demo keeps one Redis)."""
+    if settings.DEBUG or settings.NODE_BROKER_SHARED:
+        return []
+    shared = portal_settings_sharing_the_node_broker()
+    if not shared:
+        return []
+    return [
+        Warning(
+            f"The nodes' broker (NODE_BROKER_URL, {shown_url()}) is the Redis server of {', '.join(shared)}: one "
+            "node's broker credential can open connections until that Redis' maxclients, and then the portal's "
+            "own tasks, cache, websockets and telemetry queue are refused as well.",
+            hint="Give the nodes a Redis of their own and set NODE_BROKER_URL to it (docker-compose.yml's "
+            'node-broker; docs/agent.md, "A broker of the nodes\' own"), or set NODE_BROKER_SHARED=true where '
+            "the lab accepts that.",
+            id="nodes.W004",
+        )
+    ]

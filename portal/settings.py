@@ -431,17 +431,26 @@ LEASE_PUSH_EXPIRES_SECONDS = envint("LEASE_PUSH_EXPIRES_SECONDS", 120)
 LIVE_STATUS_COALESCE_SECONDS = envint("LIVE_STATUS_COALESCE_MS", 250) / 1000
 # A node whose agent has not reported for this long is shown offline.
 AGENT_OFFLINE_AFTER_SECONDS = envint("AGENT_OFFLINE_AFTER_SECONDS", 40)
+# The nodes' broker (nodes/node_broker.py; docs/agent.md, "A broker of the nodes' own"): the Redis the portal
+# publishes lease snapshots to (queue node.<name>) and the agents consume from, as the portal reaches it. Redis
+# cannot cap connections per user, so one node's credential can open connections until maxclients: on a Redis
+# of its own that delays only lease pushes, which the agents' HTTPS pull covers, where on the portal's Redis it
+# would stop the portal's tasks, cache, websockets and telemetry queue. The portal's own tasks stay on
+# CELERY_BROKER_URL. Default: the portal's broker, which keeps a one-Redis lab (and the demo) working;
+# `manage.py check --deploy` warns (nodes.W004) unless NODE_BROKER_SHARED says the lab accepts that.
+NODE_BROKER_URL = envstr("NODE_BROKER_URL", CELERY_BROKER_URL)
+NODE_BROKER_SHARED = envbool("NODE_BROKER_SHARED", False)
 # A broker credential per node (nodes/broker_users.py, docs/agent.md "The broker"): register_node and the
 # admin's "Issue new agent credentials" make each node a Redis ACL user that can take its own queue and
-# nothing else, through the portal's own broker connection, which must be allowed to manage ACL users.
-# false: every agent gets AGENT_BROKER_URL as it is, the portal's own credential, which opens every
-# queue to every node; only for a lab that trusts all its nodes, or a broker that is not Redis (whose
-# per-node users the operator then makes by hand, as docs/agent.md says).
+# nothing else, through the portal's connection to the nodes' broker (NODE_BROKER_URL), which must be allowed
+# to manage ACL users. false: every agent gets AGENT_BROKER_URL as it is, the portal's own credential for the
+# nodes' broker, which opens every queue to every node; only for a lab that trusts all its nodes, or a broker
+# that is not Redis (whose per-node users the operator then makes by hand, as docs/agent.md says).
 NODE_BROKER_USERS = envbool("NODE_BROKER_USERS", True)
-# The broker as the nodes reach it, when that differs from the portal's own address for it (the portal
+# The nodes' broker as the nodes reach it, when that differs from the portal's own address for it (the portal
 # on 127.0.0.1, the nodes over the network); with NODE_BROKER_USERS its user and password are replaced
 # by the node's own, and its query (rediss:// options such as ssl_ca_certs) is kept.
-AGENT_BROKER_URL = envstr("AGENT_BROKER_URL", CELERY_BROKER_URL)
+AGENT_BROKER_URL = envstr("AGENT_BROKER_URL", NODE_BROKER_URL)
 
 # Mail (notifications/, alerts): EMAIL_URL as dj-email-url reads it, e.g.
 # smtp://user:password@mail.example.org:587/?tls=True; the default prints mails on the console.

@@ -6,6 +6,12 @@ sets a short-lived "push pending" mark in Redis and queues the push a moment lat
 follow while the mark is set ride on that same push, because the task clears the mark *before* it
 reads the database. Beat re-pushes every node each minute, so a push lost to a Redis outage is
 repaired soon after.
+
+Two brokers are involved. The push *tasks* are the portal's own: queued on, and run from, the portal's Celery
+broker (CELERY_BROKER_URL). The snapshot they send goes to the nodes' broker (NODE_BROKER_URL, nodes/node_broker.py),
+which one node's credential could fill up: there a publish fails within seconds and is logged, the node's
+lease version has moved on all the same, and its agent pulls the snapshot over HTTPS once its heartbeat
+reply shows it behind (docs/agent.md, "The pull").
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from django.utils import timezone
 from gpubook_agent.protocol import APPLY_SNAPSHOT_TASK, queue_name, snapshot_message
 from kernel.redis_client import redis_client
 from nodes.models import Node
+from nodes.node_broker import NodeBrokerError, publish
 from reservations.leases import node_snapshot
 
 log = logging.getLogger(__name__)
@@ -49,20 +56,18 @@ def clear_pending(node_id: int) -> None:
 
 
 def send_snapshot(node: Node) -> int:
-    """Build ``node``'s signed snapshot now and put it on its queue; the version sent."""
+    """Build ``node``'s signed snapshot now and put it on its queue of the nodes' broker; the version sent.
+
+    Raises NodeBrokerError when that broker took nothing. The version is issued either way (it is in the
+    database before the publish), so the node's next heartbeat reply shows it behind and it pulls."""
     snapshot = node_snapshot(node=node, now=timezone.now())
-    queue = queue_name(node.name)
-    push_node_leases.app.send_task(
-        APPLY_SNAPSHOT_TASK,
+    publish(
+        task=APPLY_SNAPSHOT_TASK,
         # One JSON string, not the object (protocol.snapshot_message). Older agents take only the object:
         # upgrade the agents first (docs/agent.md, "Upgrading").
         args=[snapshot_message(snapshot)],
-        # Straight to the key node.<name> (the anonymous exchange: routing key = queue), with no priority:
-        # the agent reads that one key and nothing else (gpubook_agent/worker.py, AGENT_TRANSPORT_OPTIONS).
-        queue=queue,
-        routing_key=queue,
+        queue=queue_name(node.name),
         expires=settings.LEASE_PUSH_EXPIRES_SECONDS,
-        serializer="json",
     )
     return snapshot["version"]
 
@@ -89,13 +94,25 @@ def push_node_leases(node_id: int) -> int | None:
     node = agent_nodes().filter(pk=node_id).first()
     if node is None:
         return None
-    return send_snapshot(node)
+    try:
+        return send_snapshot(node)
+    except NodeBrokerError as error:  # the pull brings the node this state; beat tries the push again
+        log.warning("could not push the leases of node %s (its agent pulls them): %s", node.name, error)
+        return None
 
 
 @shared_task(name="nodes.push_all_leases", ignore_result=True)
 def push_all_leases() -> int:
-    """Beat, every minute: every node with an agent gets its whole state again."""
+    """Beat, every minute: every node with an agent gets its whole state again.
+
+    The first push the nodes' broker refuses ends the round: the rest would only wait on the same broker, each
+    up to its timeouts. It raises, so the job counts as failed and, failing for minutes, opens the admins'
+    jobs-late alert; the nodes pull meanwhile."""
     nodes = pushed_nodes()
-    for node in nodes:
-        send_snapshot(node)
+    for done, node in enumerate(nodes):
+        try:
+            send_snapshot(node)
+        except NodeBrokerError as error:
+            log.warning("pushed %d of %d nodes' leases, then: %s; the rest pull theirs", done, len(nodes), error)
+            raise
     return len(nodes)

@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_ENV = ROOT / "deploy" / "portal.env.example"
-INFRA = {"postgres", "redis"}
+INFRA = {"postgres", "redis", "node-broker"}
 AGENTS = {"agent-a100", "agent-4090"}
 DEMO = {"demo", "demo-jobs"}
 DEMO_DEVICES = "/var/tmp/gpubook-demo"  # noqa: S108 - demo_agents' default --device-root, a Compose volume here
@@ -125,6 +125,32 @@ def test_redis_requires_the_portals_password(services: dict[str, Any], tmp_path:
 
 
 @needs_compose
+def test_the_nodes_have_a_redis_of_their_own_with_a_deliberate_maxclients(
+    services: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 36: Redis cannot cap one user's connections, so a node's credential could fill the Redis it logs in
+    to. The nodes' broker is another server than the portal's (its tasks, cache, websockets, telemetry queue),
+    with a password of its own and a maxclients chosen on purpose, and only web and worker talk to it."""
+    assert services["node-broker"]["command"] == [
+        *("redis-server", "--save", "", "--appendonly", "no"),
+        *("--requirepass", "replace-with-a-generated-node-broker-password", "--maxclients", "512"),
+    ]
+    for name in ("web", "worker", "ingest", "beat", "demo", "demo-jobs"):
+        environment = services[name]["environment"]
+        assert environment["REDIS_URL"] == "redis://:replace-with-a-generated-redis-password@redis:6379/0"
+        assert environment["NODE_BROKER_URL"] == (
+            "redis://:replace-with-a-generated-node-broker-password@node-broker:6379/0"
+        )
+        for setting in ("CELERY_BROKER_URL", "CHANNEL_LAYER_URL", "CACHE_URL", "NODE_BROKER_SHARED"):
+            assert setting not in environment, (name, setting)  # so they default to REDIS_URL (and false)
+    env_file = tmp_path / "portal.env"
+    env_file.write_text(re.sub(r"(?m)^NODE_BROKER_PASSWORD=.*\n", "", EXAMPLE_ENV.read_text()))
+    result = compose("config", "-q", env_file=env_file)
+    assert result.returncode != 0
+    assert "NODE_BROKER_PASSWORD" in result.stderr
+
+
+@needs_compose
 def test_it_refuses_to_start_without_an_env_file(tmp_path: Path) -> None:
     result = compose("config", "-q", env_file=tmp_path / "missing.env")
     assert result.returncode != 0
@@ -157,8 +183,12 @@ def test_web_migrates_then_serves_with_gunicorn_as_the_image_does(services: dict
     shell, flag, script = services["web"]["command"]
     assert (shell, flag) == ("sh", "-c")
     prepare, _, serve = script.partition(" && exec ")
-    # The nodes' broker users are made again at every start, as scripts/run does (Redis may have restarted).
-    assert prepare.split(" && ") == ["python manage.py migrate --noinput", "python manage.py sync_broker_users"]
+    # The nodes' broker users are made again at every start, as scripts/run does (Redis may have restarted); a
+    # nodes' broker that refuses (a node filled its connections) is a warning there, never a portal kept down.
+    assert prepare.split(" && ") == [
+        "python manage.py migrate --noinput",
+        "python manage.py sync_broker_users --warn-only",
+    ]
     assert "manage.py sync_broker_users" in (ROOT / "scripts" / "run").read_text()
     # Several processes on port 8000 (tests/live/test_production_server.py runs this command); scripts/run's
     # Procfile keeps one daphne process.
@@ -196,11 +226,13 @@ def test_services_start_in_order_of_health(services: dict[str, Any]) -> None:
         for name, service in services.items()
     }
     healthy = {"postgres": "service_healthy", "redis": "service_healthy"}
+    with_nodes = {**healthy, "node-broker": "service_healthy"}  # the users at start; the pushes
     assert conditions == {
         "postgres": {},
         "redis": {},
-        "web": healthy,
-        "worker": healthy,
+        "node-broker": {},
+        "web": with_nodes,
+        "worker": with_nodes,
         "ingest": healthy,
         "beat": healthy,
         "demo": {"web": "service_healthy"},
@@ -213,10 +245,14 @@ def test_services_start_in_order_of_health(services: dict[str, Any]) -> None:
 @needs_compose
 def test_health_checks(services: dict[str, Any]) -> None:
     checks = {name: service["healthcheck"]["test"] for name, service in services.items() if "healthcheck" in service}
-    assert set(checks) == {"postgres", "redis", "web", "worker"}
+    assert set(checks) == {"postgres", "redis", "node-broker", "web", "worker"}
     assert checks["postgres"] == ["CMD-SHELL", "pg_isready -U portal -d portal"]
     # $$ again: the container's shell reads the password from its environment (never the command line).
     assert checks["redis"] == ["CMD-SHELL", 'REDISCLI_AUTH="$$REDIS_PASSWORD" redis-cli ping | grep -q PONG']
+    assert checks["node-broker"] == [
+        "CMD-SHELL",
+        'REDISCLI_AUTH="$$NODE_BROKER_PASSWORD" redis-cli ping | grep -q PONG',
+    ]
     assert checks["web"][:3] == ["CMD", "python", "-c"]
     assert "'/accounts/login/'" in checks["web"][3]
     # $$ is Compose's escaped $ (config prints it escaped): the container's shell expands its own hostname.
@@ -232,6 +268,7 @@ def test_volumes(services: dict[str, Any], config: dict[str, Any]) -> None:
     assert mounts == {
         "postgres": {("pgdata", "/var/lib/postgresql/data")},
         "redis": set(),
+        "node-broker": set(),
         "web": set(),
         "worker": set(),
         "ingest": set(),
@@ -295,6 +332,7 @@ def test_the_example_env_holds_placeholders_not_secrets() -> None:
     assert values["SECRET_KEY"].startswith("replace-with-")
     assert values["POSTGRES_PASSWORD"].startswith("replace-with-")
     assert values["REDIS_PASSWORD"].startswith("replace-with-")
+    assert values["NODE_BROKER_PASSWORD"].startswith("replace-with-")
     assert {"SECRET_KEY", "DATABASE_URL", "REDIS_URL", "ALLOWED_HOSTS", "CSRF_TRUSTED_ORIGINS", "PORTAL_URL"} <= set(
         values
     )

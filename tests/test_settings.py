@@ -34,6 +34,8 @@ _OURS = {
     "STATIC_MANIFEST",
     "LOG_FORMAT",
     "DJANGO_SETTINGS_MODULE",
+    "NODE_BROKER_URL",
+    "NODE_BROKER_SHARED",
 }
 
 # The production environment docs/security.md documents, behind a TLS-terminating proxy.
@@ -43,6 +45,8 @@ PRODUCTION = {
     "ALLOWED_HOSTS": "gpus.example.org",
     "TRUST_X_FORWARDED_PROTO": "true",
     "SECURE_HSTS_SECONDS": "31536000",
+    # The nodes on a Redis of their own (docs/agent.md, "A broker of the nodes' own"), the portal on REDIS_URL's.
+    "NODE_BROKER_URL": "redis://node-broker.example.org:6379/0",
 }
 
 
@@ -81,6 +85,22 @@ def test_check_deploy_warns_in_a_development_environment(tmp_path):
     assert done.returncode != 0
     for check in ("security.W004", "security.W008", "security.W012", "security.W016"):
         assert check in done.stderr
+
+
+def test_check_deploy_warns_when_the_nodes_share_the_portals_redis(tmp_path):
+    """Issue 36: one node's broker credential can fill the connections of the Redis it logs in to."""
+    production = {**PRODUCTION, "SECRET_KEY": secrets.token_urlsafe(50)}
+    del production["NODE_BROKER_URL"]
+    done = run(["manage.py", "check", "--deploy", "--fail-level", "WARNING"], tmp_path, **production)
+    assert done.returncode != 0
+    assert "nodes.W004" in done.stderr and "REDIS_URL, CELERY_BROKER_URL" in done.stderr
+    # A lab that keeps one Redis on purpose (the demo's scripts/run) says so.
+    done = run(
+        ["manage.py", "check", "--deploy", "--fail-level", "WARNING"], tmp_path, NODE_BROKER_SHARED="true", **production
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    # Plain `check`, as CI and every start run it, never asks.
+    assert "nodes.W004" not in run(["manage.py", "check"], tmp_path).stderr
 
 
 def test_a_plain_development_environment_still_starts(tmp_path):

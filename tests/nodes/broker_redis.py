@@ -11,6 +11,7 @@ and points the portal at it (``use_for_portal``), the portal's Celery app includ
 from __future__ import annotations
 
 import secrets
+import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -87,10 +88,12 @@ def use_for_portal(settings: Any, broker: AclRedis, *, broker_users: bool = True
     """The portal's broker (Celery's connection pool included) and the nodes' broker on ``broker``."""
     from portal.celery import app
 
-    names = ("NODE_BROKER_USERS", "CELERY_BROKER_URL", "AGENT_BROKER_URL")
+    names = ("NODE_BROKER_USERS", "CELERY_BROKER_URL", "NODE_BROKER_URL", "AGENT_BROKER_URL")
     saved = {name: getattr(settings, name) for name in names}
     settings.NODE_BROKER_USERS = broker_users
-    settings.CELERY_BROKER_URL = settings.AGENT_BROKER_URL = broker.url  # the Celery app reads it from there
+    # One Redis for the portal's tasks and the nodes, as a lab that keeps one (the portal's Celery app reads
+    # CELERY_BROKER_URL from the settings; the nodes' publisher and broker users NODE_BROKER_URL).
+    settings.CELERY_BROKER_URL = settings.NODE_BROKER_URL = settings.AGENT_BROKER_URL = broker.url
     _forget_connections(app)
     try:
         yield
@@ -105,3 +108,39 @@ def _forget_connections(app: Any) -> None:
     connects to the broker URL now configured."""
     app._pool = None
     app.amqp._producer_pool = None
+
+
+class Filled:
+    """Connections that log in to a Redis with one credential until the server takes no more clients
+    (``maxclients``): what a node holding its agent.conf can do, since Redis cannot cap a user's connections."""
+
+    def __init__(self, port: int, *, username: str, password: str, limit: int = 10_000) -> None:
+        self.sockets: list[socket.socket] = []
+        self.refusal = b""
+        while len(self.sockets) < limit:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            try:
+                sock.sendall(f"AUTH {username} {password}\r\n".encode())
+                reply = sock.recv(200)
+            except ConnectionError as error:  # Redis wrote its refusal and closed before reading AUTH: a reset
+                reply = repr(error).encode()
+            if not reply.startswith(b"+OK"):
+                self.refusal = reply
+                sock.close()
+                break
+            self.sockets.append(sock)
+
+    @property
+    def full(self) -> bool:
+        """Whether the server turned a client away for being full (the error, or the reset it closed with)."""
+        return bool(self.sockets) and (b"max number of clients reached" in self.refusal or b"Reset" in self.refusal)
+
+    def release(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        self.sockets = []
+
+
+def clients_of(admin: redis.Redis, username: str) -> list[dict[str, Any]]:
+    """CLIENT LIST's entries for ``username``: the connections it holds now."""
+    return [client for client in admin.client_list() if client.get("user") == username]

@@ -430,7 +430,7 @@ def test_checks_warn_when_the_broker_does_not_answer(broker, db):
         register("gpu-a")
 
 
-@pytest.mark.parametrize("name", ["REDIS_URL", "CELERY_BROKER_URL"])
+@pytest.mark.parametrize("name", ["REDIS_URL", "CELERY_BROKER_URL", "NODE_BROKER_URL"])
 def test_the_examples_redis_password_stops_the_portal(settings, name):
     setattr(settings, name, "redis://:replace-with-a-generated-redis-password@redis:6379/0")
     messages = check_broker_password_is_not_the_example()
@@ -443,7 +443,7 @@ def test_the_examples_redis_password_stops_the_portal(settings, name):
 
 def test_broker_users_need_a_redis_broker(settings):
     settings.NODE_BROKER_USERS = True
-    settings.CELERY_BROKER_URL = settings.AGENT_BROKER_URL = "amqp://portal:secret@rabbit.example.org:5672//"
+    settings.NODE_BROKER_URL = settings.AGENT_BROKER_URL = "amqp://portal:secret@rabbit.example.org:5672//"
     (message,) = check_broker_user_settings()
     assert message.id == "nodes.E001" and "NODE_BROKER_USERS=false" in message.msg
     assert "secret" not in message.msg

@@ -2,6 +2,10 @@
 
 Run at the portal's start (scripts/run, docker-compose's web); beat runs the same every minute.
 Idempotent: a user that is as it should be is left alone, and no open connection is touched.
+
+``--warn-only`` (docker-compose's web): a nodes' broker that refuses (full: one node's credential can open
+connections until its maxclients; away) is a line on stderr, not a failure, so that the portal starts whatever
+the nodes' broker does; beat tries again every minute, and the pull covers the nodes meanwhile.
 """
 
 from __future__ import annotations
@@ -9,13 +13,20 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from nodes.broker_users import BrokerUserError, broker_users_sync
 
 
 class Command(BaseCommand):
     help = "Re-create or repair every node's broker user (Redis ACL) from its stored password hash."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--warn-only",
+            action="store_true",
+            help="Report a nodes' broker that refuses on stderr and exit 0 (the portal's start; beat retries).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not settings.NODE_BROKER_USERS:
@@ -24,6 +35,9 @@ class Command(BaseCommand):
         try:
             result = broker_users_sync()
         except BrokerUserError as exc:
+            if options["warn_only"]:
+                self.stderr.write(f"Warning: the nodes' broker users were not synced (beat tries again): {exc}")
+                return
             raise CommandError(str(exc)) from exc
         repaired = f": re-created {', '.join(result.repaired)}" if result.repaired else ", all as they should be"
         self.stdout.write(f"broker users of {result.checked} node(s){repaired}")
