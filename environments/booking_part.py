@@ -31,22 +31,37 @@ def reservation_launches(*, reservation: Reservation, viewer: Any, now: datetime
     }
 
 
+# The port on the holder's own computer that a tunnel to a launch's Unix socket listens on (they may pick another).
+LOCAL_PORT = 8888
+
+
 def _shown(launch: Launch, *, is_holder: bool) -> dict[str, Any]:
     tunnel = tunnel_command(launch)
     return {
         "launch": launch,
         "stoppable": launch.is_open and launch.stop_requested_at is None,
         "tunnel": tunnel,
-        "url": f"http://127.0.0.1:{launch.port}/" if tunnel else "",
+        "url": local_url(launch),
+        "local_port": LOCAL_PORT if launch.socket else launch.port,
         "token": launch.token if is_holder else "",  # the notebook's key: its holder's alone, not even admins'
     }
 
 
 def tunnel_command(launch: Launch) -> str:
-    """How its holder reaches a running launch's port: it listens on the node's loopback only, so through an SSH
-    tunnel to the node, as the holder's account; "" when it runs no server."""
-    if launch.state != Launch.State.RUNNING or not launch.port:
+    """How its holder reaches a running launch: through an SSH tunnel to the node, as the holder's account, to its
+    Unix socket (in a directory only that account can enter: sshd connects as them) or to its port on the node's
+    loopback; "" when it serves nothing (or the node has not seen it serve yet)."""
+    if launch.state != Launch.State.RUNNING or not (launch.socket or launch.port):
         return ""
     reservation = launch.reservation
     user = reservation.user.unix_username or "<unix username>"
-    return f"ssh -N -L {launch.port}:127.0.0.1:{launch.port} {user}@{reservation.node.hostname}"
+    target = launch.socket if launch.socket else f"127.0.0.1:{launch.port}"
+    local = LOCAL_PORT if launch.socket else launch.port
+    return f"ssh -N -L {local}:{target} {user}@{reservation.node.hostname}"
+
+
+def local_url(launch: Launch) -> str:
+    """Where the holder browses once the tunnel runs; "" without one."""
+    if not tunnel_command(launch):
+        return ""
+    return f"http://127.0.0.1:{LOCAL_PORT if launch.socket else launch.port}/"

@@ -3,8 +3,10 @@ the command run in it) and, where the admins allow it, plain commands, each with
 
 Only what is listed here can ever run: people pick an environment, they never send a command or an image. The
 command is an argument list, never a shell line, checked here when saved and again by the agent before it runs
-(gpubook_agent.protocol.argv_problem). In the command, ``{port}`` and ``{token}`` stand for a free loopback port on
-the node and a fresh secret, which the agent picks when it starts the launch (a notebook listens there).
+(gpubook_agent.protocol.argv_problem). In the command, ``{socket}`` stands for a Unix socket in a directory only the
+booking's user can enter, ``{port}`` for a free loopback port on the node (for servers that cannot use a socket:
+any account on the node can race for it, so the agent shows it only once the launch holds it) and ``{token}`` for a
+fresh secret, which the agent picks when it starts the launch (a notebook listens there).
 
 A ``Launch`` is one run of an environment in a booking: asked for by the booking's holder, carried to the node in
 the booking's lease (reservations/leases.py), started there once the slot has opened its GPUs and ended with it.
@@ -18,7 +20,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from gpubook_agent.protocol import IMAGE_RE, argv_problem, launch_name
+from gpubook_agent.protocol import IMAGE_RE, MAX_SOCKET_PATH_CHARS, argv_problem, launch_name
 from reservations.models import Reservation
 
 
@@ -37,11 +39,13 @@ class Environment(models.Model):
     )
     command = models.JSONField(
         help_text='The command as a list of arguments, never a shell line: ["jupyter", "lab", "--no-browser", '
-        '"--ip=0.0.0.0", "--port={port}"]. {port} and {token} are filled in on the node: a free port on its loopback '
-        "and a fresh secret, shown to the booking's holder alone. The command also finds them in GPUBOOK_PORT and "
-        "GPUBOOK_TOKEN (and JUPYTER_TOKEN, which Jupyter reads by itself): prefer those to {token}, since any account "
-        "on the node can read a command line. In a container, listen on 0.0.0.0, the container's own network: the "
-        "node publishes the port on its loopback only."
+        '"--ServerApp.sock={socket}"]. {socket}, {port} and {token} are filled in on the node: a Unix socket in a '
+        "directory only the booking's user can enter (prefer it: no other account on the node can take or reach it; "
+        "a container gets no network), a free port on its loopback (for servers that cannot use a socket; shown only "
+        "once the launch is seen holding it) and a fresh secret, shown to the booking's holder alone. The command also "
+        "finds them in GPUBOOK_SOCKET, GPUBOOK_PORT and GPUBOOK_TOKEN (and JUPYTER_TOKEN, which Jupyter reads by "
+        "itself): prefer those to {token}, since any account on the node can read a command line. With {port} in a "
+        "container, listen on 0.0.0.0, the container's own network: the node publishes the port on its loopback only."
     )
     memory_max_gb = models.PositiveIntegerField(
         "memory limit (GB)",
@@ -105,6 +109,11 @@ class Launch(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     message = models.TextField(blank=True, help_text="Why it was refused or how it ended, from the node.")
     port = models.PositiveIntegerField(null=True, blank=True, help_text="The node's loopback port it listens on.")
+    socket = models.CharField(
+        max_length=MAX_SOCKET_PATH_CHARS,
+        blank=True,
+        help_text="The Unix socket it listens on, on the node, in a directory only its user can enter.",
+    )
     token = models.CharField(max_length=128, blank=True, help_text="Its notebook's token: shown only to its holder.")
     log_tail = models.TextField(blank=True)
     started_at = models.DateTimeField(null=True, blank=True)

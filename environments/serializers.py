@@ -7,7 +7,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from environments.booking_part import tunnel_command
+from environments.booking_part import local_url, tunnel_command
 from environments.models import Environment, Launch
 
 
@@ -32,6 +32,7 @@ class LaunchSerializer(serializers.ModelSerializer):
     stop_requested = serializers.SerializerMethodField()
     token = serializers.SerializerMethodField()
     ssh_tunnel = serializers.SerializerMethodField()
+    local_url = serializers.SerializerMethodField()
 
     class Meta:
         model = Launch
@@ -51,8 +52,10 @@ class LaunchSerializer(serializers.ModelSerializer):
             "message",
             "stop_requested",
             "port",
+            "socket",
             "token",
             "ssh_tunnel",
+            "local_url",
             "log_tail",
         )
         read_only_fields = fields
@@ -66,7 +69,14 @@ class LaunchSerializer(serializers.ModelSerializer):
         return launch.token if launch.reservation.user_id == viewer.pk else ""
 
     @extend_schema_field(
-        serializers.CharField(help_text="While it runs and listens on a port: the SSH tunnel that reaches it.")
+        serializers.CharField(
+            help_text="While it runs and the node has seen it listen on its Unix socket or port: the SSH tunnel that "
+            "reaches it, from your computer."
+        )
     )
     def get_ssh_tunnel(self, launch: Launch) -> str:
         return tunnel_command(launch)
+
+    @extend_schema_field(serializers.CharField(help_text="With ssh_tunnel running: the address to browse to."))
+    def get_local_url(self, launch: Launch) -> str:
+        return local_url(launch)

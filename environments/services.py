@@ -4,7 +4,8 @@ Only the booking's holder launches in it: the environment runs as their unix acc
 notebook token is theirs. The holder or a booking admin stops it. A launch reaches the node in the booking's
 lease (reservations/leases.py, ``lease_additions``): a change here asks for a push of the node's snapshot once it
 commits, as a booking change does. The node answers in its heartbeats (``launches_record``), where each launch
-it knows comes with its state, its output's tail and, for a notebook, its port and token.
+it knows comes with its state, its output's tail and, for a notebook, its socket or port and its token once the node
+has seen it serve there (issue 36).
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ def _take(launch: Launch, item: Mapping[str, Any], now: datetime) -> bool:
         "exit_code": item.get("exit_code"),
         "message": item.get("message") or "",
         "port": item.get("port"),
+        "socket": item.get("socket") or "",
         "token": item.get("token") or "",
         "log_tail": (item.get("tail") or "")[-LAUNCH_TAIL_CHARS:],
     }

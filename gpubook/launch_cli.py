@@ -118,7 +118,8 @@ def render_launch_log(launch: dict[str, Any]) -> None:
     print(describe(launch))
     if launch.get("ssh_tunnel"):
         print(f"connect: {launch['ssh_tunnel']}")
-        print(f"then open http://127.0.0.1:{launch['port']}/")
+        if launch.get("local_url"):
+            print(f"then open {launch['local_url']}")
     if launch.get("token"):
         print(f"token: {launch['token']}")
     print(launch.get("log_tail") or "(no output yet)", end="" if launch.get("log_tail", "").endswith("\n") else "\n")

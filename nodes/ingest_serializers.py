@@ -76,6 +76,10 @@ class LaunchStatusSerializer(serializers.Serializer):
     tail = serializers.CharField(
         required=False, allow_blank=True, max_length=protocol.LAUNCH_TAIL_CHARS, trim_whitespace=False
     )
+    # Printed in the ssh command its holder pastes into a shell: a plain absolute path, nothing a shell would read.
+    socket = serializers.RegexField(
+        protocol.SOCKET_PATH_RE, required=False, allow_blank=True, max_length=protocol.MAX_SOCKET_PATH_CHARS
+    )
 
 
 class HeartbeatSerializer(serializers.Serializer):

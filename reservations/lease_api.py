@@ -25,7 +25,8 @@ class AgentLaunchSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=list(protocol.LAUNCH_KINDS))
     image = serializers.CharField(help_text='A container\'s image; "" for a plain command.')
     argv = serializers.ListField(
-        child=serializers.CharField(), help_text="The command, an argument list; {port} and {token} filled in there."
+        child=serializers.CharField(),
+        help_text="The command, an argument list; {socket}, {port} and {token} filled in there.",
     )
     memory_max_bytes = serializers.IntegerField(allow_null=True)
     max_processes = serializers.IntegerField(allow_null=True)

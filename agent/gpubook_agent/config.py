@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from gpubook_agent.endpoints import socket_dir_problem
 from gpubook_agent.gpus import mig, simulated
 from gpubook_agent.protocol import LAUNCH_KINDS, queue_name
 
@@ -85,6 +86,11 @@ class AgentConfig:
     # What runs a launch: "systemd" (a transient unit per launch, in a cgroup of its own), "supervisor" (the agent's
     # own child, in a session of its own), or "auto": systemd where it is PID 1 and systemd-run is installed.
     launch_runner: str = "auto"
+    # Where launches serve on Unix sockets ({socket}; endpoints.py): a directory of root's, 0755, with one 0700
+    # directory of the user's per launch. Outside the agent's private /tmp and read-only paths, since both the launch
+    # and its holder's ssh session reach it (the unit's RuntimeDirectory=gpubook-launches makes the default one).
+    # BACKEND=simulated: a directory per node in it, as several stand-in agents share a machine.
+    launch_socket_dir: str = "/run/gpubook-launches"
 
     @property
     def queue(self) -> str:
@@ -109,6 +115,7 @@ _STRINGS = {
     "LOG_LEVEL": "log_level",
     "MIG_MINORS_FILE": "mig_minors_file",
     "MIG_CAPS_DIR": "mig_caps_dir",
+    "LAUNCH_SOCKET_DIR": "launch_socket_dir",
 }
 _KNOWN = (
     set(_REQUIRED)
@@ -215,6 +222,11 @@ def config_from_values(values: Mapping[str, str]) -> AgentConfig:
     if kwargs.get("backend") == "simulated" and "device_dir" not in kwargs:
         # Stand-in device files are plain files: never create them in the real /dev.
         kwargs["device_dir"] = str(Path(str(kwargs.get("state_dir", AgentConfig.state_dir))) / "dev")
+    if kwargs.get("backend") == "simulated" and "launch_socket_dir" not in kwargs:
+        kwargs["launch_socket_dir"] = f"{AgentConfig.launch_socket_dir}/{name}"
+    socket_problem = socket_dir_problem(str(kwargs.get("launch_socket_dir", AgentConfig.launch_socket_dir)))
+    if socket_problem:
+        raise ConfigError(f"LAUNCH_SOCKET_DIR must be {socket_problem}, not {kwargs.get('launch_socket_dir')!r}")
     if kwargs.get("backend") == "simulated":
         # The stand-in capability files and mig-minors go with the stand-in device files, never into the
         # driver's /dev/nvidia-caps or /proc.

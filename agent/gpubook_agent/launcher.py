@@ -36,6 +36,7 @@ from typing import IO, Any
 
 from gpubook_agent import cleanup, procfs
 from gpubook_agent.accounts import AccountCheck
+from gpubook_agent.endpoints import cgroup_members
 from gpubook_agent.protocol import MAX_ARG_CHARS, argv_problem
 from gpubook_agent.usernames import valid_username
 
@@ -232,6 +233,18 @@ class Supervisor:
             launch.exit_code = launch.process.poll()
         return launch.exit_code
 
+    def processes(self, name: str) -> list[int]:
+        """The launch's processes now: its command's family while it runs (launches.py adds a container's monitor)
+        and, with units, every process in its unit's cgroup (the command is PID 1's child there, not ours)."""
+        with self._lock:
+            launch = self._launches.get(name)
+        if launch is None:
+            return []
+        members = set(family(launch.pid)) if launch.process.poll() is None else set()
+        if self.units:
+            members |= set(cgroup_members(f"{name}.service"))
+        return sorted(members)
+
     def clear_old_files(self) -> int:
         """At the agent's start, before any launch: the logs and environment files an earlier run left (it knew
         their launches; this run does not). Returns how many went."""
@@ -424,8 +437,12 @@ def _pump(output: IO[bytes], log_fd: int) -> None:
     try:
         while chunk := os.read(output.fileno(), 65536):
             if size + len(chunk) > limit:
-                os.lseek(log_fd, max(0, size - limit // 2), os.SEEK_SET)
-                kept = os.read(log_fd, limit)
+                # Half the cap stays: the newest output, this chunk's tail included (a chunk may be as large as
+                # the whole cap when the command writes faster than this thread reads).
+                chunk = chunk[-(limit // 2) :]
+                keep = min(size, limit // 2 - len(chunk))
+                os.lseek(log_fd, size - keep, os.SEEK_SET)
+                kept = os.read(log_fd, keep) if keep else b""
                 os.ftruncate(log_fd, 0)
                 os.lseek(log_fd, 0, os.SEEK_SET)
                 size = os.write(log_fd, kept)

@@ -10,6 +10,11 @@ apart, and right after each enforcement pass) compares what the stored snapshot 
   rootless podman with only the lease's device files (``--device``), a read-only image, no capabilities, no new
   privileges, a per-user volume for /work, and no network unless its command serves a port, which is then
   published on the node's loopback only.
+- Where it serves (issue 36; endpoints.py): ``{socket}`` is a Unix socket in a directory of the user's alone, made
+  for the launch and removed when it ends (a container gets that directory, at the same path, and no network);
+  ``{port}``, for commands that serve only TCP, is a loopback port any account could race for, so its port and
+  token are reported only once the launch's own processes hold its listener, and another account's listener
+  there refuses the launch (and stops it). A launch that serves neither gets its token at once.
 - It ends when the lease ends (the slot's end, a release, a cancellation: the lease leaves the snapshot) or the
   portal stops listing it (someone pressed Stop): SIGTERM, the node's grace, SIGKILL, for the command and all it
   started; a container is stopped through podman first, since its processes are not the command's children.
@@ -17,7 +22,8 @@ apart, and right after each enforcement pass) compares what the stored snapshot 
   is the orderly first line.
 - A launch that exited on its own is not started again; nor is one refused (a kind this node does not run, an
   account it refuses, a bad request). Every change is an event for the portal, and each heartbeat carries every
-  launch's state, its output's tail and, for a notebook, its port and token (``statuses``).
+  launch's state, its output's tail and, for a notebook, its socket or port and its token once it serves there
+  (``statuses``).
 
 The agent remembers what it started only while it runs: a restarted agent first ends what its earlier run left
 (``end_leftovers``), then starts again the launches of leases still active (a clean stop ends them, as it closes
@@ -45,7 +51,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from gpubook_agent import cleanup, procfs, protocol
+from gpubook_agent import cleanup, endpoints, procfs, protocol
 from gpubook_agent.config import AgentConfig
 from gpubook_agent.launcher import MARKER, LaunchRefused, LaunchSpec, Supervisor, family, stop_unit
 from gpubook_agent.snapshot import LaunchOrder, Lease
@@ -90,6 +96,8 @@ class Entry:
     exit_code: int | None = None
     port: int | None = None
     token: str = ""
+    socket: str = ""  # its Unix socket's path ({socket}), in a directory of the user's made for it
+    shown: bool = False  # its socket, port and token go into heartbeats: it was seen to serve there (issue 36)
     stopping: bool = False
     ended_at: float | None = None  # monotonic
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -101,6 +109,11 @@ class Entry:
     @property
     def is_container(self) -> bool:
         return self.order.kind == "container"
+
+    @property
+    def serves(self) -> bool:
+        """It serves on a socket or a port: what it serves is shown once it is seen there."""
+        return bool(self.socket or self.port)
 
 
 class Launches:
@@ -171,7 +184,9 @@ class Launches:
                 # running counts too. Stopped ones are reaped by their stop.
                 code = self.supervisor.exit_code(entry.name) if entry.state == RUNNING else None
                 if code is not None and not entry.stopping:
-                    self._ended(entry, EXITED, code, f"exited with code {code}")
+                    self._ended(entry, EXITED, code, f"exited with code {code}" + self._why_unseen(entry))
+                elif entry.state == RUNNING and entry.serves and not entry.stopping:
+                    self._check_endpoint(entry)
             self._pending = self._prepare_upcoming(now) | pending
             self._forget_old()
 
@@ -249,8 +264,8 @@ class Launches:
                 self._ended(entry, STOPPED, None, "stopped before it started")
                 return
             try:
-                self.supervisor.account(entry.user)  # refused here, before anything runs as them
-                argv = self._argv(entry, files)
+                account = self.supervisor.account(entry.user)  # refused here, before anything runs as them
+                argv = self._argv(entry, files, account)
                 if entry.is_container:
                     self._ensure_image(entry.user, entry.order.image, lambda message: self._note(entry, message))
                 if self._stop_asked(entry):  # while the image was pulled
@@ -273,26 +288,79 @@ class Launches:
             except LaunchRefused as refusal:
                 self._ended(entry, REFUSED, None, str(refusal))
                 return
+            except endpoints.UnsafeSocketDir as error:
+                self._ended(entry, REFUSED, None, f"the node's LAUNCH_SOCKET_DIR is not safe to serve in: {error}")
+                return
             except OSError as error:  # the node's side (its log directory, say): said, not left "starting"
                 self._ended(entry, REFUSED, None, f"the node could not start it: {error}")
                 return
-            entry.state = RUNNING
-            entry.message = ""
+            entry.shown = not entry.serves  # a server's token waits until it is seen serving where it should
+            entry.message = self._waiting_word(entry)
+            entry.state = RUNNING  # last: step() checks where a running launch serves, on its own thread
             self.report(
                 "launch_started",
                 reservation=entry.reservation,
                 user=entry.user,
                 launch=entry.number,
-                message=f"{entry.order.image or entry.order.argv[0]} as {entry.user}"
-                + (f", port {entry.port}" if entry.port else ""),
+                # Not the port: it is shown once the launch is seen to hold it (another account may race for it).
+                message=f"{entry.order.image or entry.order.argv[0]} as {entry.user}" + _serving_word(entry),
             )
             self.changed()
+
+    # -- where it serves (issue 36) ---------------------------------------------------------------------
+
+    def _check_endpoint(self, entry: Entry) -> None:
+        """A running launch that serves: its socket, port and token are shown once it is seen serving there, and
+        withdrawn while it is not. Another account's listener on its port refuses it: it is stopped, and its holder
+        never sees that port. Each pass, not once: a port's listener can change hands while the launch runs."""
+        problem = endpoints.socket_problem(entry.socket, uid=self._uid(entry)) if entry.socket else None
+        verdict = self._port_verdict(entry) if entry.port and problem is None else endpoints.PortVerdict("ours")
+        if verdict.kind == "foreign":
+            entry.stopping, entry.shown = True, False
+            self._stops.submit(self._guarded, self._stop_entry, entry, f"refused: {verdict.message}", REFUSED)
+            return
+        shown = problem is None and verdict.kind == "ours"
+        message = "" if shown else self._waiting_word(entry, problem or verdict.message)
+        if (shown, message) != (entry.shown, entry.message):
+            entry.shown, entry.message = shown, message
+            self.changed()
+
+    def _port_verdict(self, entry: Entry) -> endpoints.PortVerdict:
+        assert entry.port is not None
+        uid = self._uid(entry)
+        pids = set(self.supervisor.processes(entry.name))
+        if entry.is_container:  # podman's monitor left the command's family when it started
+            pids |= {pid for monitor in conmon_pids(uid, entry.name) for pid in family(monitor)}
+        theirs = [pid for pid in pids if procfs.process_uid(pid) == uid]
+        return endpoints.port_verdict(entry.port, uid=uid, pids=theirs)
+
+    @staticmethod
+    def _waiting_word(entry: Entry, detail: str = "") -> str:
+        """What a launch that serves says until it is seen serving."""
+        if entry.socket:
+            return f"waiting for it to listen on its socket ({detail or 'no socket yet'})"
+        if entry.port:  # not the number: it is the holder's once the launch is seen to hold it
+            return detail or "waiting for it to listen on its port"
+        return ""
+
+    def _why_unseen(self, entry: Entry) -> str:
+        """For a launch that exited before it was seen to listen on its port: another account's socket there."""
+        if entry.shown or not entry.port:
+            return ""
+        taken = endpoints.port_taken_by_other(entry.port, uid=self._uid(entry))
+        return f"; {taken}: its port and token were not shown" if taken else ""
+
+    @staticmethod
+    def _uid(entry: Entry) -> int:
+        uid = procfs.uid_of(entry.user)
+        return -1 if uid is None else uid  # an account gone since: nothing is its
 
     @staticmethod
     def _stop_asked(entry: Entry) -> bool:
         return entry.stopping  # set by step(), on another thread, at any moment
 
-    def _stop_entry(self, entry: Entry, reason: str) -> None:
+    def _stop_entry(self, entry: Entry, reason: str, state: str = STOPPED) -> None:
+        """End a running launch; ``state`` says how it is reported (REFUSED: the node refused it while it ran)."""
         with entry.lock:
             if entry.state != RUNNING:
                 if entry.state == STARTING:
@@ -307,10 +375,15 @@ class Launches:
                 unkillable += self._end_container_monitor(entry, grace)
             code = launch.exit_code if launch else None
             message = reason + (f"; pids {', '.join(map(str, unkillable))} could not be ended" if unkillable else "")
-            self._ended(entry, STOPPED, code, message)
+            self._ended(entry, state, code, message)
 
     def _ended(self, entry: Entry, state: str, exit_code: int | None, message: str) -> None:
         entry.state, entry.exit_code, entry.message, entry.ended_at = state, exit_code, message, self.clock()
+        if entry.socket:  # nothing serves there any more: the directory goes (its name is the launch's, reused never)
+            try:
+                endpoints.remove_socket_dir(self.config.launch_socket_dir, entry.name)
+            except OSError as error:
+                log.warning("launch %s: its socket directory could not be removed: %s", entry.name, error)
         kind = {EXITED: "launch_exited", STOPPED: "launch_stopped", REFUSED: "launch_refused"}[state]
         fields: dict[str, Any] = {"reservation": entry.reservation, "user": entry.user, "message": message}
         if entry.number:
@@ -356,6 +429,10 @@ class Launches:
         user's processes are ended (with a unit: the unit is stopped). A container's monitor is found by its name.
         The launches of leases still active start again, afresh. Returns how many launches were ended."""
         self.supervisor.clear_old_files()
+        with self._lock:
+            known = set(self._entries)
+        with contextlib.suppress(OSError):  # their launches are ended below: nothing serves there any more
+            endpoints.clear_socket_dirs(self.config.launch_socket_dir, keep=known)
         found: dict[str, tuple[Lease, int, int, set[int]]] = {}
         for pid, name in procfs.marked_processes(MARKER):
             owner = self._leftover_owner(name, pid)
@@ -392,16 +469,23 @@ class Launches:
 
     # -- the command line ---------------------------------------------------------------------------
 
-    def _argv(self, entry: Entry, files: tuple[str, ...]) -> list[str]:
-        """The command to run, its {port} and {token} filled in (a fresh loopback port and secret, kept for the
-        heartbeat); for a container, the podman line around it."""
+    def _argv(self, entry: Entry, files: tuple[str, ...], account: pwd.struct_passwd) -> list[str]:
+        """The command to run, its {socket}, {port} and {token} filled in (a socket in a directory made now for the
+        user alone, a fresh loopback port, a fresh secret: kept for the heartbeat); for a container, the podman line
+        around it."""
         order = entry.order
+        if order.serves_socket:
+            entry.socket = endpoints.make_socket_dir(
+                self.config.launch_socket_dir, entry.name, uid=account.pw_uid, gid=account.pw_gid
+            )
         if order.serves_port:
             entry.port = free_port()
-        if order.serves_port or order.asks_token:  # a server gets its key, whether its command line shows it or not
+        if order.serves_port or order.serves_socket or order.asks_token:  # a server gets its key, shown or not
             entry.token = secrets.token_urlsafe(24)
         command = [
-            arg.replace(protocol.PORT_PLACEHOLDER, str(entry.port)).replace(protocol.TOKEN_PLACEHOLDER, entry.token)
+            arg.replace(protocol.SOCKET_PLACEHOLDER, entry.socket)
+            .replace(protocol.PORT_PLACEHOLDER, str(entry.port))
+            .replace(protocol.TOKEN_PLACEHOLDER, entry.token)
             for arg in order.argv
         ]
         if not entry.is_container:
@@ -413,6 +497,7 @@ class Launches:
             image=order.image,
             devices=[*files, *self._shared_devices()],
             port=entry.port,
+            socket_dir=os.path.dirname(entry.socket) if entry.socket else None,
             env_names=sorted(self._connection_env(entry)),
             memory_max_bytes=order.memory_max_bytes,
             max_processes=order.max_processes,
@@ -429,9 +514,12 @@ class Launches:
 
     @staticmethod
     def _connection_env(entry: Entry) -> dict[str, str]:
-        """The port and token also as environment variables, which only the user and root can read (a command line
-        is anyone's to see in ps): GPUBOOK_PORT, GPUBOOK_TOKEN, and JUPYTER_TOKEN, which Jupyter takes by itself."""
+        """The socket, port and token also as environment variables, which only the user and root can read (a command
+        line is anyone's to see in ps): GPUBOOK_SOCKET, GPUBOOK_PORT, GPUBOOK_TOKEN, and JUPYTER_TOKEN, which Jupyter
+        takes by itself."""
         env = {"GPUBOOK_PORT": str(entry.port)} if entry.port else {}
+        if entry.socket:
+            env["GPUBOOK_SOCKET"] = entry.socket
         if entry.token:
             env |= {"GPUBOOK_TOKEN": entry.token, "JUPYTER_TOKEN": entry.token}
         return env
@@ -518,9 +606,12 @@ class Launches:
                     "state": entry.state,
                     "exit_code": None if entry.exit_code is None else max(-255, min(255, entry.exit_code)),
                     "message": entry.message[: protocol.TEXT_LIMITS["message"]],
-                    "port": entry.port,
-                    "token": entry.token,
+                    # Where it serves, and its key, once it was seen serving there (issue 36): never a port that
+                    # another account may hold.
+                    "port": entry.port if entry.shown else None,
+                    "token": entry.token if entry.shown else "",
                     "tail": printable(tail)[-protocol.LAUNCH_TAIL_CHARS :],
+                    "socket": entry.socket if entry.shown else "",
                 }
             )
         # Within what one heartbeat may carry: the open ones first, then the latest ended.
@@ -565,6 +656,12 @@ class Launches:
         self._stops.shutdown(wait=False, cancel_futures=True)
 
 
+def _serving_word(entry: Entry) -> str:
+    if entry.socket:
+        return ", serving on a Unix socket"
+    return ", serving on a loopback port" if entry.port else ""
+
+
 def _waiting(reservation: int, number: int, message: str) -> protocol.LaunchStatus:
     return {
         "reservation": reservation,
@@ -575,6 +672,7 @@ def _waiting(reservation: int, number: int, message: str) -> protocol.LaunchStat
         "port": None,
         "token": "",
         "tail": "",
+        "socket": "",
     }
 
 
@@ -590,13 +688,17 @@ def podman_run_argv(
     max_processes: int | None,
     command: list[str],
     env_names: Iterable[str] = (),
+    socket_dir: str | None = None,
 ) -> list[str]:
     """The rootless podman line for a launch: only these device files, a read-only image, no capabilities or new
-    privileges, a per-user volume for /work, no network unless the command serves ``port`` (then published on
-    the node's loopback only)."""
+    privileges, a per-user volume for /work, the launch's socket directory at the same path (``socket_dir``: the
+    container's root, the user outside, makes its socket there), no network unless the command serves ``port``
+    (then published on the node's loopback only)."""
     argv = [podman, *options, "run", "--rm", "--replace", "--name", name, "--read-only"]
     argv += ["--security-opt", "no-new-privileges", "--cap-drop", "all", "--pull", "never"]
     argv += ["--volume", f"{CONTAINER_VOLUME}:{CONTAINER_WORKDIR}", "--workdir", CONTAINER_WORKDIR]
+    if socket_dir:
+        argv += ["--volume", f"{socket_dir}:{socket_dir}:rw"]
     argv += ["--network", "none"] if port is None else ["--publish", f"127.0.0.1:{port}:{port}"]
     for path in dict.fromkeys(devices):
         argv += ["--device", f"{path}:{path}:rw"]
@@ -628,7 +730,9 @@ def _named(argv: list[bytes], name: bytes) -> bool:
 
 
 def free_port() -> int:
-    """A port free on the loopback now (the kernel's choice); the launch binds it moments later."""
+    """A port free on the loopback now (the kernel's choice); the launch binds it moments later, and another account
+    may bind it in between: the port is shown only once the launch holds it (endpoints.port_verdict). ``{socket}``
+    has no such gap."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])

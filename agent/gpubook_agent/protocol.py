@@ -93,11 +93,20 @@ def argv_problem(argv: object) -> str | None:
 
 # What a lease may launch (issue 22): an environment the admins listed, a container (rootless podman) or a
 # plain command, at most MAX_LAUNCHES per lease; on the node each is named launch_name(reservation, number). In
-# its command, PORT_PLACEHOLDER and TOKEN_PLACEHOLDER stand for a free port on the node's loopback and a fresh
-# secret token, which the agent picks and reports back (a notebook listens there and asks for the token).
+# its command, SOCKET_PLACEHOLDER stands for the path of a Unix socket in a directory only the lease's user can
+# enter (issue 36: no other account on the node can take or reach it), PORT_PLACEHOLDER for a free port on the
+# node's loopback (for commands that serve TCP only: any account can race for it, so the agent publishes it only
+# once the launch's own processes hold its listener) and TOKEN_PLACEHOLDER for a fresh secret token; the agent
+# picks them and reports them back (a notebook listens there and asks for the token).
 LAUNCH_KINDS = ("container", "command")
 MAX_LAUNCHES = 4
-PORT_PLACEHOLDER, TOKEN_PLACEHOLDER = "{port}", "{token}"
+PORT_PLACEHOLDER, TOKEN_PLACEHOLDER, SOCKET_PLACEHOLDER = "{port}", "{token}", "{socket}"
+# The most characters a launch's socket path may have on the node: a Unix socket's address holds 107 bytes and a
+# NUL (sun_path), and ssh's -L names it on the holder's command line.
+MAX_SOCKET_PATH_CHARS = 107
+# A launch's socket path as reported: plain path characters only, since the portal prints it in an ssh command that
+# its holder pastes into a shell.
+SOCKET_PATH_RE = re.compile(r"\A(?:/[A-Za-z0-9._-]+)+\Z")
 # What a launch is doing, as the agent reports it in each heartbeat ("waiting": its slot is yet to come, and the
 # message says whether its image is on the node, pulled ahead of the start).
 LAUNCH_STATES = ("waiting", "starting", "running", "exited", "stopped", "refused")
@@ -218,9 +227,12 @@ class LaunchStatus(TypedDict):
     state: str  # one of LAUNCH_STATES
     exit_code: int | None  # once it ended: its command's, negative for the signal that ended it
     message: str  # why it was refused, or how it ended, in words
-    port: int | None  # the loopback port it was given ({port}), if its command asked for one
-    token: str  # the token it was given ({token}), if its command asked for one; else ""
+    # Where it serves, once the agent has seen it serve there (its own processes hold the port's listener; its socket
+    # exists, in its user's own directory): None / "" before that, and for a command that serves nothing.
+    port: int | None  # the loopback port it was given ({port})
+    token: str  # the token it was given ({token}, or with a port or socket); else "" (also until it serves)
     tail: str  # the end of its output, at most LAUNCH_TAIL_CHARS
+    socket: NotRequired[str]  # the Unix socket's path on the node ({socket}); left out by agents before issue 36
 
 
 class HeartbeatReply(TypedDict):

@@ -25,6 +25,7 @@ from gpubook_agent.protocol import (
     IDLE_POWER_LIMIT_PCT_MIN,
     MAX_LAUNCHES,
     PORT_PLACEHOLDER,
+    SOCKET_PLACEHOLDER,
     TOKEN_PLACEHOLDER,
     launch_problem,
 )
@@ -80,6 +81,10 @@ class LaunchOrder:
     @property
     def asks_token(self) -> bool:
         return any(TOKEN_PLACEHOLDER in arg for arg in self.argv)
+
+    @property
+    def serves_socket(self) -> bool:
+        return any(SOCKET_PLACEHOLDER in arg for arg in self.argv)
 
 
 @dataclass(frozen=True)

@@ -242,3 +242,18 @@ def test_with_units_the_supervisor_runs_systemd_run_and_keeps_the_environment_in
     assert not any("s3cret" in arg for arg in recorded)  # never on a command line anyone can read
     units.forget(launch.spec.name)
     assert not env_file.exists()
+
+
+def test_the_log_keeps_under_its_cap_even_when_each_read_brings_a_whole_cap_of_output(tmp_path, monkeypatch):
+    # A command that writes faster than the log's thread reads: every read returns 64 KiB, the cap itself.
+    monkeypatch.setattr(launcher, "LOG_MAX_BYTES", 64 * 1024)
+    output = tmp_path / "output"
+    flood = b"".join(b"line %06d of a flood\n" % number for number in range(20000))  # about 420 KB
+    output.write_bytes(flood[-(6 * 64 * 1024) :])  # six reads of 64 KiB each, the last one full too
+    log_fd = os.open(tmp_path / "log", os.O_RDWR | os.O_CREAT, 0o600)
+
+    launcher._pump(open(output, "rb"), log_fd)  # noqa: SIM115 - _pump closes what it is given
+
+    kept = (tmp_path / "log").read_bytes()
+    assert len(kept) <= 64 * 1024
+    assert kept.endswith(b"line 019999 of a flood\n")

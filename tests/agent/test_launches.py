@@ -88,6 +88,7 @@ class LaunchNode:
 
 def make_node(home: Path, config: AgentConfig | None = None, **extra: str) -> LaunchNode:
     """A node under ``home``; ``config``: the same node again (an agent that restarted)."""
+    extra.setdefault("LAUNCH_SOCKET_DIR", str(home / "run"))  # the launches' sockets: root's, under the test's home
     config = config or simulated_node_config(home, grace=GRACE, **extra)
     backend = open_backend("simulated", device_dir=config.device_dir, node_name=config.node_name, simulated_gpus=2)
     clock = Clock(T0 - timedelta(minutes=5))
@@ -259,12 +260,14 @@ def test_a_lease_for_root_or_a_system_account_launches_nothing_and_says_why(node
 
 
 def test_a_notebook_gets_a_free_loopback_port_and_its_own_token_which_its_output_does_not_show(
-    node, unix_users, user_python
+    node, unix_users, user_python, home
 ):
+    gate = home / "listen-now"  # the server listens once the test has seen what the node says before that
     server = (
-        "import http.server, sys\n"
+        "import http.server, sys, os, time\n"
         "port, token = int(sys.argv[1]), sys.argv[2]\n"
-        "import os\n"
+        "print('starting', flush=True)\n"
+        f"while not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
         "same = (os.environ['GPUBOOK_PORT'], os.environ['GPUBOOK_TOKEN'], os.environ['JUPYTER_TOKEN']) == "
         "(str(port), token, token)\n"
         "server = http.server.HTTPServer(('127.0.0.1', port), http.server.SimpleHTTPRequestHandler)\n"
@@ -275,10 +278,17 @@ def test_a_notebook_gets_a_free_loopback_port_and_its_own_token_which_its_output
         [lease(unix_users[0].name, [node.gpus[0]], [command(1, user_python, "-I", "-c", server, "{port}", "{token}")])]
     )
     node.at(T0)
-    assert wait_for(lambda: "serving" in (node.status() or {}).get("tail", ""), timeout=10)
+    assert wait_for(lambda: "starting" in (node.status() or {}).get("tail", ""), timeout=10)
+    node.launches.step(node.clock.now)
+    waiting = node.status()  # running, but not listening yet: neither its port nor its token is shown (issue 36)
+    assert (waiting["state"], waiting["port"], waiting["token"]) == ("running", None, "")
+    assert waiting["message"] == "waiting for it to listen on its port"
 
+    gate.touch()
+    assert wait_for(lambda: node.launches.step(node.clock.now) or _serving(node.status()), timeout=10)
     status = node.status()
     port, token = status["port"], status["token"]
+    assert status["message"] == ""
     assert isinstance(port, int) and len(token) >= 32
     assert f"http://127.0.0.1:{port}/?token=<token>" in status["tail"]  # the holder's secret stays out of the log
     assert "environment agrees: True" in status["tail"]  # also in variables, which ps does not show to others
@@ -286,6 +296,10 @@ def test_a_notebook_gets_a_free_loopback_port_and_its_own_token_which_its_output
     with socket.create_connection(("127.0.0.1", port), timeout=5) as connection:
         connection.sendall(b"GET / HTTP/1.0\r\n\r\n")
         assert connection.recv(12).startswith(b"HTTP/1.0 200")
+
+
+def _serving(status: dict[str, Any] | None) -> bool:
+    return bool(status and status["port"] and "serving" in status["tail"])
 
 
 def test_the_podman_line_passes_only_the_booked_devices_and_no_network_without_a_port():
@@ -318,6 +332,15 @@ def test_the_podman_line_passes_only_the_booked_devices_and_no_network_without_a
     )  # fmt: skip
     assert "--network" not in with_port
     assert with_port[with_port.index("--publish") + 1] == "127.0.0.1:8123:8123"  # the node's loopback only
+
+    socket_dir = "/run/gpubook-launches/gpubook-7-3"
+    with_socket = podman_run_argv(
+        podman="podman", options=(), name="gpubook-7-3", image="lab/jupyter:1", devices=[], port=None,
+        memory_max_bytes=None, max_processes=None, command=["jupyter", "lab"], socket_dir=socket_dir,
+    )  # fmt: skip
+    assert with_socket[with_socket.index("--network") + 1] == "none"  # a socket needs no network at all
+    assert f"{socket_dir}:{socket_dir}:rw" in with_socket  # at the same path inside: {socket} is one path
+    assert "--publish" not in with_socket
 
 
 # -- containers: rootless podman -----------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Launching an environment from a booking's page (issue 22), in Chromium: the holder picks one and launches it,
 the node (played by the test, with its agent's token) reports it running, and the page shows it without a reload
 (static/js/launches.js fetches the page every 5 seconds while a launch is open): its state, its output, the SSH
-tunnel to its port and its token; then she stops it and the node reports it stopped. Someone else gets no page;
-an admin sees the launch but never its token."""
+tunnel to its Unix socket (issue 36) and its token; then she stops it and the node reports it stopped. Someone else
+gets no page; an admin sees the launch (one on a loopback port, here) but never its token."""
 
 from __future__ import annotations
 
@@ -23,13 +23,15 @@ from tests.factories import book
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NOTEBOOK = ["jupyter", "lab", "--no-browser", "--ip=127.0.0.1", "--port={port}", "--IdentityProvider.token={token}"]
-PORT = 8123
+NOTEBOOK = ["jupyter", "lab", "--no-browser", "--ServerApp.sock={socket}"]
+SOCKET = "/run/gpubook-launches/gpubook-{reservation}-1/socket"  # where the node's agent makes it (issue 36)
+PORT = 8123  # a launch of an environment that serves on {port} instead
 TOKEN = "q3Vd8Zk1_xN0bLr7TfWc2HsYp9GmEa4J"  # made up, as secrets.token_urlsafe(24) gives one
 # The notebook prints its URL with the token; the agent sends its output with the token masked (launches.py).
 TAIL = (
     "[I 09:00:02.114 ServerApp] jupyterlab | extension was successfully loaded.\n"
-    f"[I 09:00:02.131 ServerApp] Jupyter Server 2.14 is running at http://127.0.0.1:{PORT}/lab?token=<token>\n"
+    "[I 09:00:02.131 ServerApp] Jupyter Server 2.14 is running at:\n"
+    "[I 09:00:02.131 ServerApp] http+unix://%2Frun%2Fgpubook-launches%2Fgpubook-1-1%2Fsocket/lab?token=<token>\n"
     "[I 09:00:02.131 ServerApp] Use Control-C to stop this server and shut down all kernels."
 )
 # The page refreshes its launches every 5 seconds: wait for two rounds, and a little more.
@@ -38,7 +40,8 @@ REFRESHED = 12_000
 
 @pytest.fixture
 def notebook(transactional_db) -> Environment:
-    """An environment as an admin lists it: a Jupyter container that listens on {port} and asks for {token}."""
+    """An environment as an admin lists it: a Jupyter container that listens on {socket} (its token comes in
+    JUPYTER_TOKEN)."""
     return Environment.objects.create(
         name="Jupyter, PyTorch 2.5",
         image="registry.example.org/lab/jupyter:2.5",
@@ -103,14 +106,16 @@ def test_the_holder_launches_a_notebook_sees_it_run_and_stops_it(
 
     # The node starts it and says so in its next heartbeat; the page shows it without a reload.
     page.evaluate("window.notReloaded = true")  # gone if the page were loaded again
-    report(live_server, node, launch, "running", port=PORT, token=TOKEN, tail=TAIL)
+    path = SOCKET.format(reservation=booking.pk)
+    report(live_server, node, launch, "running", socket=path, token=TOKEN, tail=TAIL)
     expect(state).to_have_text("Running", timeout=REFRESHED)
     expect(state).to_have_class(re.compile(r"\bstate-running\b"))
     expect(article.locator("details.launch-output")).to_have_attribute("open", "")
     expect(article.locator(".launch-tail")).to_have_text(TAIL)
-    tunnel = f"ssh -N -L {PORT}:127.0.0.1:{PORT} alice@{node.hostname}"
+    tunnel = f"ssh -N -L 8888:{path} alice@{node.hostname}"
     expect(article.locator("pre.access-lines")).to_have_text(tunnel)
-    expect(article.get_by_role("link", name=f"http://127.0.0.1:{PORT}/")).to_be_visible()
+    expect(article).to_contain_text("It listens on a Unix socket on the node that only your account can reach.")
+    expect(article.get_by_role("link", name="http://127.0.0.1:8888/")).to_be_visible()
     expect(article.locator(".launch-token")).to_have_text(TOKEN)
     assert page.evaluate("window.notReloaded") is True
     article.scroll_into_view_if_needed()
@@ -146,7 +151,7 @@ def test_the_holder_launches_a_notebook_sees_it_run_and_stops_it(
     # The node stops it and says so; the page shows it ended, and stops refreshing.
     page.evaluate("window.notReloaded = true")
     ended = f"{TAIL}\n[C 09:14:51.503 ServerApp] received signal 15, stopping\n[I 09:14:51.507 ServerApp] Shutting down"
-    report(live_server, node, launch, "stopped", port=PORT, token=TOKEN, tail=ended, exit_code=-15,
+    report(live_server, node, launch, "stopped", socket=path, token=TOKEN, tail=ended, exit_code=-15,
            message="stopped from the portal")  # fmt: skip
     expect(state).to_have_text("Stopped", timeout=REFRESHED)
     expect(state).to_have_class(re.compile(r"\bstate-stopped\b"))

@@ -49,6 +49,7 @@ def test_list_launch_follow_and_stop_an_environment(cli_for, alice, bob, start):
     shown = run("launch-log", launch.pk)
     assert shown.returncode == 0, shown.stderr
     assert f"connect: ssh -N -L 8123:127.0.0.1:8123 alice@{node.hostname}" in shown.stdout
+    assert "then open http://127.0.0.1:8123/" in shown.stdout
     assert "token: s3cret" in shown.stdout and "serving" in shown.stdout
     assert "Running" in run("launches", "--reservation", booking.pk).stdout
 

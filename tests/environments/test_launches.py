@@ -179,6 +179,39 @@ def test_the_nodes_heartbeat_brings_state_output_and_connection_and_the_token_is
     assert "Running" in html and "s3cret-token" not in html
 
 
+def test_a_notebook_on_a_unix_socket_is_reached_by_an_ssh_tunnel_to_that_socket(alice, node, running, notebook):
+    """Issue 36: a launch serving on {socket} is shown with the tunnel to its socket path, on the page, in the API
+    and by the CLI's API fields; the node reports the path only once it has seen the socket there."""
+    created = launch(alice, running, notebook).json()
+    path = f"/run/gpubook-launches/gpubook-{running.pk}-1/socket"
+    heartbeat(node, [status(running, message="waiting for it to listen on its socket (no socket yet)")])
+    waiting = client_for(alice).get(f"{LAUNCHES}{created['id']}/").json()
+    assert (waiting["ssh_tunnel"], waiting["local_url"], waiting["socket"]) == ("", "", "")
+
+    assert heartbeat(node, [status(running, socket=path, token="s3cret-token")]) == 200
+
+    mine = client_for(alice).get(f"{LAUNCHES}{created['id']}/").json()
+    assert (mine["socket"], mine["port"], mine["token"]) == (path, None, "s3cret-token")
+    assert mine["ssh_tunnel"] == f"ssh -N -L 8888:{path} alice@{node.hostname}"
+    assert mine["local_url"] == "http://127.0.0.1:8888/"
+    page = Client()
+    page.force_login(alice)
+    html = page.get(f"/reservations/{running.pk}/").content.decode()
+    assert f"ssh -N -L 8888:{path} alice@{node.hostname}" in html
+    assert "a Unix socket on the node that only your account can reach" in html
+
+
+@pytest.mark.parametrize("path", ["/run/x; rm -rf ~", "relative/socket", "/run/$(id)/socket", "/" + "x" * 120])
+def test_a_socket_path_a_shell_would_read_is_refused_from_the_node(alice, node, running, notebook, path):
+    """The path goes into a command its holder pastes into a shell: a node (perhaps a hostile one) may send only a
+    plain absolute path."""
+    launch(alice, running, notebook)
+
+    assert heartbeat(node, [status(running, socket=path)]) == 400
+
+    assert Launch.objects.get().socket == ""
+
+
 def test_a_node_speaks_only_for_launches_of_bookings_on_itself(alice, running, notebook):
     launch(alice, running, notebook)
     elsewhere = node_with_gpus(1, name="gpu-4090")
