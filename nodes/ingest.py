@@ -150,7 +150,9 @@ def agent_events_record(*, node: Node, events: Iterable[dict[str, Any]]) -> tupl
         for row in acting:
             if row.kind == NodeEvent.Kind.UNKILLABLE and row.gpu is not None:
                 pids = ", ".join(map(str, row.details.get("pids", [])))
-                gpu_drain(gpu=row.gpu, reason=f"processes of {row.user or 'unknown'} could not be ended (pids {pids})")
+                # The agent's words say which process and why (still running after SIGKILL, or run as root).
+                reason = row.message or f"processes of {row.user or 'unknown'} could not be ended (pids {pids})"
+                gpu_drain(gpu=row.gpu, reason=reason)
         node_events_recorded.send(sender=Node, node=node, stored=stored, acting=acting, now=now)
     return len(stored), sorted(ignored)
 

@@ -28,7 +28,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -47,7 +47,16 @@ log = logging.getLogger(__name__)
 
 Report = Callable[..., None]  # report(kind, **fields): one event for the portal
 RECENT_REVOCATION = timedelta(hours=24)  # how long a revoked holder's processes count as leftovers
+# Why a holder keeps a GPU it should have lost (the ``unkillable`` event's message).
+STUCK_AFTER_SIGNALS = "did not exit after SIGTERM and SIGKILL (uninterruptible sleep in the driver, typically)"
+RUNS_AS_ROOT = (
+    "runs with root's privileges (a set-user-ID program such as su holding the device open): the agent never "
+    "signals root, so an admin must end it"
+)
 REFUSAL_REPORT_INTERVAL = 60.0  # seconds between two reports of the same refusal
+REVOKE_ALL_ATTEMPTS = 3  # a stop reads the files back and tries again while an entry is left
+# The grant ledger is rewritten in short once it has more lines than this many per entry, and this many more.
+LEDGER_LINES_PER_ENTRY, LEDGER_SLACK_LINES = 4, 256
 
 
 def utcnow() -> datetime:
@@ -56,8 +65,8 @@ def utcnow() -> datetime:
 
 @dataclass(frozen=True)
 class Job:
-    """Work for the checker thread: look at who uses each GPU ("check"), or end what an expired
-    holder left on a GPU or MIG slice ("expired")."""
+    """Work for the checker thread: look at who uses each GPU ("check"), end what an expired holder left on a
+    GPU or MIG slice ("expired"), or rewrite the grant ledger, which grew long, in short ("ledger")."""
 
     kind: str
     gpu: str = ""
@@ -95,7 +104,7 @@ class Enforcer:
         self._held: dict[str, set[str]] = {uuid: set() for uuid in self.paths}
         self._files: dict[str, set[str]] = {}
         self._slice_cards: dict[str, str] = {}  # every slice seen since start -> its card, to name it once gone
-        self._mig_refusals: set[tuple[int, str, str]] = set()  # (reservation, slice, why) reported already
+        self._unit_refusals: set[tuple[int, str, str]] = set()  # (reservation, unit, why) reported already
         self._cleanups: dict[tuple[str, str], datetime] = {}  # (gpu, user) -> when to end what is left
         self._cleaning: set[tuple[str, str]] = set()  # handed to the checker, not finished yet
         # Every revocation of the last day, kept on disk: whatever its holder still runs on that GPU
@@ -103,10 +112,17 @@ class Enforcer:
         # and even if it turns up later (a forked child, a descriptor passed on).
         self._revoked_at: dict[tuple[str, str], datetime] = {}
         self._revocations_dirty = False
+        # The ACL entries this agent made and has not taken back, (file, user), on disk too: written before a grant
+        # is made, so that after a SIGKILL ``gpubook-agent revoke-all`` can take back exactly these (and nothing
+        # an admin set by hand). Read at start (restore).
+        self._ledger: set[tuple[str, str]] = set()
+        self._ledger_failure = ""  # the last failure to write it, reported once
+        self._ledger_lock = threading.Lock()
         self._refusals_reported: dict[str, float] = {}
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._check_pending = threading.Event()
         self._violations_seen: set[tuple[str, int]] = set()
+        self._unkillable: set[tuple[str, int]] = set()  # (unit, pid) reported as unkillable, while it lives
         self._failures_seen: set[tuple[str, str, int]] = set()
         self._unknown_gpus_seen: set[str] = set()
         self._nvml_pids: dict[str, set[int]] = {}
@@ -243,6 +259,7 @@ class Enforcer:
         """Load the stored snapshot (verified again), so enforcement resumes before any message,
         and the recent revocations, so their leftovers are still ended."""
         self._revoked_at = self._load_revocations()
+        self._ledger = self._load_ledger()
         try:
             raw = self.store.load()
         except StateFileIgnored as problem:  # a link, not the agent's own file, not JSON: not read
@@ -280,6 +297,65 @@ class Enforcer:
         now = self.clock()
         return {key: at for key, at in revocations.items() if now - at <= RECENT_REVOCATION}
 
+    def _load_ledger(self) -> set[tuple[str, str]]:
+        """The grant ledger of the last run. One that fails a signature or is malformed is ignored and reported
+        (the start removes every grant no stored lease backs anyway), and the agent starts a new one."""
+        try:
+            return self.store.load_grants(secret=self.config.lease_secret)
+        except StateFileIgnored as problem:
+            log.error("grant ledger ignored: %s", problem)
+            self.report("store_failed", message=f"grant ledger ignored: {problem}")
+            self._ledger_write(lambda: self.store.rewrite_grants(set(), secret=self.config.lease_secret))
+            return set()
+
+    def _ledger_add(self, entries: set[tuple[str, str]]) -> None:
+        """Write the entries about to be granted into the ledger first, so it is never behind the ACLs."""
+        new = entries - self._ledger
+        if new:
+            self._ledger = self._ledger | new
+            self._ledger_write(lambda: self.store.append_grants("+", new, secret=self.config.lease_secret))
+
+    def _ledger_settle(self, wanted_files: dict[str, set[str]]) -> None:
+        """After a pass: the ledger keeps the entries that are on the files now and that the agent made or wants
+        there; what was taken back (or never made, a grant that failed) leaves it. Now and then the checker
+        rewrites it whole, so that it stays short."""
+        present = {(path, user) for path, users in self._files.items() for user in users}
+        wanted = {(path, user) for path, users in wanted_files.items() for user in users}
+        ledger = (self._ledger | (present & wanted)) & (present | self._unread_ledger())
+        gone, adopted = self._ledger - ledger, ledger - self._ledger
+        if not (gone or adopted):
+            return
+        self._ledger = ledger
+        secret = self.config.lease_secret
+        self._ledger_write(lambda: self.store.append_grants("-", gone, secret=secret))
+        self._ledger_write(lambda: self.store.append_grants("+", adopted, secret=secret))
+        if self.store.grant_lines > LEDGER_LINES_PER_ENTRY * len(ledger) + LEDGER_SLACK_LINES:
+            self._jobs.put(Job("ledger"))
+
+    def _compact_ledger(self) -> None:
+        # The ledger as it is once the lock is held: an append waiting for the lock then follows the rewrite.
+        self._ledger_write(lambda: self.store.rewrite_grants(self._ledger, secret=self.config.lease_secret))
+
+    def _unread_ledger(self) -> set[tuple[str, str]]:
+        """Ledger entries on files the agent does not keep now (a capability file gone from the layout): kept until
+        the file is gone, so ``revoke-all`` still finds them."""
+        return {(path, user) for path, user in self._ledger if path not in self._files and os.path.exists(path)}
+
+    def _ledger_write(self, write: Callable[[], None]) -> None:
+        """One change to the ledger file, under a lock (the enforcer appends, the checker rewrites). A failure is
+        reported once: the grants are made all the same, as the ACLs matter more than the ledger."""
+        try:
+            with self._ledger_lock:
+                write()
+        except OSError as error:
+            message = f"cannot write the grant ledger {self.store.grants_path}: {error}"
+            if message != self._ledger_failure:
+                self._ledger_failure = message
+                log.error("%s", message)
+                self.report("store_failed", message=message)
+        else:
+            self._ledger_failure = ""
+
     # -- what should be ---------------------------------------------------------------------
 
     def desired(self, now: datetime) -> dict[str, set[str]]:
@@ -287,6 +363,7 @@ class Enforcer:
         names a card in MIG mode covers each of its slices too."""
         access = self.access
         wanted: dict[str, set[str]] = {uuid: set() for uuid in access.units()}
+        drained = set(self.drained)  # the checker thread changes it
         snapshot = self._snapshot
         for lease in snapshot.leases if snapshot else ():
             if not lease.active_at(now):
@@ -302,12 +379,22 @@ class Enforcer:
             for uuid in lease.gpus:
                 units = access.lease_units(uuid)
                 for unit in units:
+                    if unit in drained and lease.user not in self._held.get(unit, ()):
+                        # A process the agent could not end still holds it: nobody new shares a GPU with that.
+                        self._refuse_unit(
+                            lease,
+                            unit,
+                            "drained",
+                            f"GPU {unit} is drained: a process the agent could not end still holds it; the slot "
+                            "opens once it is gone",
+                        )
+                        continue
                     wanted[unit].add(lease.user)
                 if units:
                     self._check_slice(access, lease, uuid)
                 elif uuid in self._slice_cards:
                     card = self._slice_cards[uuid]
-                    self._refuse_slice(
+                    self._refuse_unit(
                         lease,
                         uuid,
                         "gone",
@@ -363,7 +450,7 @@ class Enforcer:
             return
         card = access.cards[item.card]
         if not access.grant_files.get(uuid):
-            self._refuse_slice(
+            self._refuse_unit(
                 lease,
                 uuid,
                 "no capability files",
@@ -373,7 +460,7 @@ class Enforcer:
             )
         elif not card.slices_open:
             now_on, then_on = ("on" if card.mode_current else "off"), ("on" if card.mode_pending else "off")
-            self._refuse_slice(
+            self._refuse_unit(
                 lease,
                 uuid,
                 "MIG mode change pending",
@@ -382,13 +469,14 @@ class Enforcer:
                 "would be the whole card. The slice's capability files alone open nothing",
             )
 
-    def _refuse_slice(self, lease: Lease, uuid: str, why: str, message: str) -> None:
+    def _refuse_unit(self, lease: Lease, uuid: str, why: str, message: str) -> None:
+        """Report (once per reservation, unit and reason) that a lease's unit is not opened, and why."""
         key = (lease.reservation, uuid, why)
-        if key in self._mig_refusals:
+        if key in self._unit_refusals:
             return
-        if len(self._mig_refusals) > 10_000:
-            self._mig_refusals.clear()
-        self._mig_refusals.add(key)
+        if len(self._unit_refusals) > 10_000:
+            self._unit_refusals.clear()
+        self._unit_refusals.add(key)
         log.warning("lease of reservation %d: %s", lease.reservation, message)
         self.report("lease_refused", gpu=uuid, user=lease.user, reservation=lease.reservation, message=message)
 
@@ -472,6 +560,9 @@ class Enforcer:
             if self._files[path]:
                 changes.setdefault((tuple(sorted(self._files[path])), ()), []).append(path)
         planned = [(paths, list(revokes), list(grants)) for (revokes, grants), paths in changes.items()]
+        if self._stop.is_set():  # stopping: take back, never give (revoke_all runs beside a pass that may linger)
+            planned = [(paths, revokes, []) for paths, revokes, _ in planned if revokes]
+        self._ledger_add({(path, user) for paths, _, grants in planned for path in paths for user in grants})
         if len(planned) == 1:
             self._change(*planned[0])
         elif planned:
@@ -481,6 +572,7 @@ class Enforcer:
 
             list(self._pool.map(change, planned))
         self._settle(wanted, wanted_files, strays, now)
+        self._ledger_settle(wanted_files)
 
     def _settle(
         self,
@@ -552,16 +644,34 @@ class Enforcer:
             else:
                 self._files.setdefault(path, set()).add(user)
 
-    def revoke_all(self) -> None:
-        """On a clean stop: take every grant back. With no agent running nothing would end a slot,
-        so a stopped agent leaves the GPUs closed (fail closed); a restart restores what the stored
-        snapshot allows within a second."""
-        now = self.clock()
-        self._read_files()
-        nobody: dict[str, set[str]] = {uuid: set() for uuid in self.access.units()}
-        self._adopt(nobody)
-        self._enforce(nobody, now)
-        self._persist_revocations(now)
+    def revoke_all(self) -> list[tuple[str, str]]:
+        """On a stop: take every grant back, from every file the agent keeps (its MIG capability files too) and
+        every entry its ledger names. With no agent running nothing would end a slot, so a stopped agent leaves
+        the GPUs closed (fail closed); a restart restores what the stored snapshot allows within a second.
+
+        Called after ``stop``, so no pass grants anything meanwhile. Read back and tried again while entries
+        remain; returns those that could not be removed (each reported as ``revoke_failed`` too)."""
+        self._stop.set()
+        remaining: list[tuple[str, str]] = []
+        for _attempt in range(REVOKE_ALL_ATTEMPTS):
+            now = self.clock()
+            self._read_files()
+            nobody: dict[str, set[str]] = {uuid: set() for uuid in self.access.units()}
+            self._adopt(nobody)
+            self._enforce(nobody, now)
+            for path, user in sorted(self._unread_ledger()):
+                try:
+                    acl.revoke(path, user)
+                except acl.AclError as error:
+                    self._report_once("revoke_failed", self.access.owner(path) or path, user, str(error))
+            self._read_files()
+            present = {(path, user) for path, users in self._files.items() for user in users}
+            self._ledger_settle({})
+            remaining = sorted(present | self._unread_ledger())
+            if not remaining:
+                break
+        self._persist_revocations(self.clock())
+        return remaining
 
     def reconcile(self, now: datetime) -> None:
         """Read the layout, the real ACLs and the power limits back and converge; then have the checker look at who
@@ -708,11 +818,13 @@ class Enforcer:
                 if (holders[pid].user or "") not in wanted.get(uuid, ()):
                     self._judge(holders[pid], (uuid,))
         self._violations_seen &= live
+        self._unkillable &= live
         self._persist_revocations(now)
         for uuid in list(self.drained):
-            if not any(key[0] == uuid for key in live):
+            if not any(key[0] == uuid for key in self._unkillable):  # what could not be ended is gone now
                 self.drained.discard(uuid)
                 self.report("drain_cleared", gpu=uuid)
+                self._wake.set()  # the leases it held back open now
 
     def _judge(self, holder: cleanup.Holder, units: tuple[str, ...]) -> None:
         """A process on files (or a list) of ``units`` whose user may not be there: within a grace period (or
@@ -723,7 +835,7 @@ class Enforcer:
         keys = [(unit, user) for unit in units]
         if any(key in self._cleanups or key in self._cleaning for key in keys):
             return  # a leftover within its grace period (or being ended)
-        if any((unit, holder.pid) in self._violations_seen for unit in units):
+        if any((unit, holder.pid) in self._violations_seen or (unit, holder.pid) in self._unkillable for unit in units):
             return  # reported already (as a violation, or as unkillable)
         revoked = [key for key in keys if key in self._revoked_at]
         if revoked:  # the grace is over: a leftover, ended whatever the policy
@@ -734,7 +846,7 @@ class Enforcer:
         self._violations_seen.add((units[0], holder.pid))
         self.report("violation", gpu=units[0], user=holder.user, pid=holder.pid, process=holder.name)
         if self.config.end_violations:
-            self._end(units[0], user, (holder.pid,))
+            self._end(units[0], user, [holder])
 
     def _persist_revocations(self, now: datetime) -> None:
         """Forget revocations older than a day, and write the log when it changed."""
@@ -774,25 +886,44 @@ class Enforcer:
             for item in card.slices if card and card.mode_current else ():
                 if user not in wanted.get(item.uuid, ()):
                     pids |= listed.get(item.uuid, set())
-            ended = tuple(
-                holder.pid
+            left = [
+                holder
                 for holder in cleanup.describe(sorted(pids))
-                if holder.user == user and not self._protected(holder)
-            )
-            if ended:
-                self.report("leftover", gpu=uuid, user=user, pids=list(ended))
-                self._end(uuid, user, ended)
+                if holder.user == user and not self._protected(holder) and (uuid, holder.pid) not in self._unkillable
+            ]
+            if left:
+                self.report("leftover", gpu=uuid, user=user, pids=[holder.pid for holder in left])
+                self._end(uuid, user, left)
         finally:
             self._cleaning.discard((uuid, user))
 
-    def _end(self, uuid: str, user: str, pids: tuple[int, ...]) -> None:
-        result = cleanup.terminate(pids)
+    def _end(self, uuid: str, user: str, holders: Sequence[cleanup.Holder]) -> None:
+        """End ``holders`` (``user``'s processes on ``uuid``). One that outlives every signal, or that the agent
+        may not signal at all (it runs with root's privileges: a set-user-ID program such as ``su`` the user
+        handed the open device to), keeps the GPU: an incident, reported once per process as ``unkillable``
+        with its pid, command and why, and the unit drained until it is gone (``check_holders``)."""
+        result = cleanup.terminate([holder.pid for holder in holders])
         if result.ended:
             self.report("ended", gpu=uuid, user=user, pids=sorted(result.ended))
-        if result.unkillable:
-            self.drained.add(uuid)
-            self._violations_seen.update((uuid, pid) for pid in result.unkillable)  # reported as unkillable
-            self.report("unkillable", gpu=uuid, user=user, pids=sorted(result.unkillable), drained=True)
+        why = {pid: STUCK_AFTER_SIGNALS for pid in result.unkillable}
+        why |= {pid: RUNS_AS_ROOT for pid in result.refused}
+        if not why:
+            return
+        self.drained.add(uuid)
+        names = {holder.pid: holder.name for holder in holders}
+        for pid in sorted(why):
+            self._unkillable.add((uuid, pid))  # reported once: never signalled or reported again while it lives
+            log.error("GPU %s drained: pid %d (%s) of %s %s", uuid, pid, names.get(pid), user or "?", why[pid])
+            self.report(
+                "unkillable",
+                gpu=uuid,
+                user=user,
+                pid=pid,
+                pids=[pid],
+                process=names.get(pid),
+                message=f"pid {pid} ({names.get(pid) or 'unknown command'}) of {user or 'an unknown user'} {why[pid]}",
+                drained=True,
+            )
 
     def _report_once(self, kind: str, uuid: str, user: str, message: str) -> None:
         key = (uuid, user, hash((kind, message)))
@@ -815,11 +946,15 @@ class Enforcer:
             self._threads.append(thread)
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop the threads: no pass grants anything from now on. The pool stays for ``revoke_all``; ``close``
+        ends it."""
         self._stop.set()
         self._wake.set()
         self._jobs.put(None)
         for thread in self._threads:
             thread.join(timeout)
+
+    def close(self) -> None:
         self._pool.shutdown(wait=False)
 
     def _loop(self) -> None:
@@ -865,5 +1000,7 @@ class Enforcer:
                     self.check_holders(self.clock())
                 elif job.kind == "expired":
                     self.end_leftovers(job.gpu, job.user, self.clock())
+                elif job.kind == "ledger":
+                    self._compact_ledger()
             except Exception:
                 log.exception("checker job %s failed", job)

@@ -8,9 +8,13 @@ below return ``None`` for a process that is gone.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pwd
+import stat
+import struct
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 PROC = "/proc"
 LOGIN_DEFS = "/etc/login.defs"
@@ -18,17 +22,30 @@ DEFAULT_UID_MIN = 1000
 
 
 def fd_holders(paths: Iterable[str], *, proc: str = PROC) -> dict[str, set[int]]:
-    """For each path, the pids that hold it open (paths compared after resolving symlinks).
+    """For each path, the pids that hold the file it names open, under whatever name they opened it.
 
-    Only ``readlink`` is used on the descriptors, never ``stat``: a descriptor on a hung network
-    filesystem must not hang the scan.
+    A file is known by what it is, not by how its path is spelled: a character device by its device
+    number (a GPU's ``/dev/nvidiaN``, wherever a node for it was made), anything else by its filesystem
+    and inode (the stand-ins of the demo and the tests). A bind mount in a user's own mount namespace, a
+    hard link or a path seen from another mount namespace all name the same file, and ``/proc/<pid>/fd``
+    shows them under their other names: matching the text of the link would miss them.
+
+    Each descriptor is first read with ``readlink``; one that names one of ``paths`` needs nothing more,
+    and sockets, pipes and anonymous inodes are no files at all. The others are asked for their type and
+    numbers with ``statx(AT_STATX_DONT_SYNC)`` (``file_identity``): the kernel answers from what it has
+    cached, so a descriptor on a hung network filesystem cannot hang the scan.
     """
     wanted: dict[str, list[str]] = {}
+    by_identity: dict[FileIdentity, list[str]] = {}
     for path in paths:
         wanted.setdefault(os.path.realpath(path), []).append(path)
+        identity = file_identity(path)
+        if identity is not None:
+            by_identity.setdefault(identity, []).append(path)
     found: dict[str, set[int]] = {path: set() for aliases in wanted.values() for path in aliases}
     if not wanted:
         return found
+    buffer = ctypes.create_string_buffer(_STATX_SIZE)
     try:
         entries = os.scandir(proc)
     except OSError:
@@ -44,13 +61,61 @@ def fd_holders(paths: Iterable[str], *, proc: str = PROC) -> dict[str, set[int]]
             except OSError:  # gone, or not ours to read
                 continue
             for fd in fds:
+                link = f"{fd_dir}/{fd}"
                 try:
-                    target = os.readlink(f"{fd_dir}/{fd}")
+                    target = os.readlink(link)
                 except OSError:
                     continue
-                for path in wanted.get(target, ()):
+                named = wanted.get(target)
+                if named is None and by_identity and target.startswith("/"):
+                    identity = file_identity(link, buffer)
+                    named = by_identity.get(identity) if identity is not None else None
+                for path in named or ():
                     found[path].add(pid)
     return found
+
+
+# What makes two names one file: ("char", major, minor, 0) for a character device, whatever node was opened for it;
+# ("file", major, minor, inode) for anything else: the filesystem's device and the inode. A plain tuple: a scan
+# makes one per descriptor.
+FileIdentity = tuple[str, int, int, int]
+
+# struct statx (include/uapi/linux/stat.h): stx_mode at 28 (u16), stx_ino at 32 (u64), stx_rdev_major,
+# stx_rdev_minor, stx_dev_major, stx_dev_minor at 128-143 (u32 each); the whole struct is 256 bytes.
+_STATX_SIZE = 256
+_STATX_MODE, _STATX_INO, _STATX_DEVICES = struct.Struct("<H"), struct.Struct("<Q"), struct.Struct("<IIII")
+_AT_FDCWD, _AT_STATX_DONT_SYNC = -100, 0x4000
+_STATX_TYPE, _STATX_INO_MASK = 0x0001, 0x0100
+
+
+def _libc_statx() -> Any:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).statx
+    except (AttributeError, OSError):  # a C library older than glibc 2.28: names are compared as text only
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p)
+    function.restype = ctypes.c_int
+    return function
+
+
+_statx = _libc_statx()
+
+
+def file_identity(path: str, buffer: Any = None) -> FileIdentity | None:
+    """The identity of the file ``path`` leads to (a ``/proc/<pid>/fd/N`` link: the open file itself), read
+    from the kernel's cached attributes; None if it cannot be read (gone, or no statx here). ``buffer``: room
+    for the answer (``ctypes.create_string_buffer(256)``) that a caller asking many times can lend."""
+    if _statx is None:
+        return None
+    if buffer is None:
+        buffer = ctypes.create_string_buffer(_STATX_SIZE)
+    if _statx(_AT_FDCWD, os.fsencode(path), _AT_STATX_DONT_SYNC, _STATX_TYPE | _STATX_INO_MASK, buffer) != 0:
+        return None
+    (mode,) = _STATX_MODE.unpack_from(buffer, 28)
+    rdev_major, rdev_minor, dev_major, dev_minor = _STATX_DEVICES.unpack_from(buffer, 128)
+    if stat.S_ISCHR(mode):
+        return ("char", rdev_major, rdev_minor, 0)
+    return ("file", dev_major, dev_minor, _STATX_INO.unpack_from(buffer, 32)[0])
 
 
 def pids(*, proc: str = PROC) -> list[int]:

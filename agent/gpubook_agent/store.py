@@ -1,4 +1,5 @@
-"""What the agent keeps on disk: the newest accepted snapshot, and the revocations of the last day.
+"""What the agent keeps on disk: the newest accepted snapshot, the revocations of the last day, and the grants it
+has made (the ledger ``gpubook-agent revoke-all`` reads once the agent is gone).
 
 Both live in ``STATE_DIR``, which the agent trusts only while it is its own: owned by the agent's
 uid (root on a node) and writable by nobody else (``UnsafeStateDir`` otherwise; the agent refuses
@@ -13,26 +14,33 @@ rename over the old name, fsync of the directory): after a crash a file holds ei
 or the new one, never half of each, and a rename replaces a link instead of following it.
 
 The stored snapshot carries the portal's signature and is verified again when it is read back. The
-revocation log is the agent's own: it is signed with the lease secret (``signing.py``, as snapshots
-are), so a log edited on disk is ignored rather than believed.
+revocation log and the grant ledger are the agent's own: they are signed with the lease secret
+(``signing.py``, as snapshots are), so a file edited on disk is ignored rather than believed.
+
+A running agent holds an exclusive lock on ``agent.lock`` in STATE_DIR (``hold_lock``): a second agent on the
+same directory refuses to start, and ``revoke-all`` refuses to run beside a live agent (which would grant again
+what it took). The kernel drops the lock with the process, however it ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import pwd
 import secrets
 import stat
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from gpubook_agent import signing
 
 REVOCATION_LOG = "revocation-log"  # the signed log's "kind": a snapshot's signature can never pass for it
+GRANT_LEDGER = "grant-ledger"  # the ledger's "kind", likewise
 MAX_STATE_FILE_BYTES = 64 * 1024 * 1024  # far above any real snapshot (a day of leases) or log
 
 
@@ -70,19 +78,57 @@ def _check_directory(path: Path, info: os.stat_result) -> None:
         raise UnsafeStateDir(path, owner=owner, mode=mode, fix=state_dir_fix(path))
 
 
+class StateDirLocked(OSError):
+    """Another process (a running agent) holds STATE_DIR's lock."""
+
+
 class SnapshotStore:
     FILENAME = "snapshot.json"
     REVOCATIONS = "revoked.json"
+    GRANTS = "granted.log"
+    LOCK = "agent.lock"
 
     def __init__(self, state_dir: str | Path) -> None:
         self.directory = Path(state_dir)
         self.path = self.directory / self.FILENAME
         self.revocations_path = self.directory / self.REVOCATIONS
+        self.grants_path = self.directory / self.GRANTS
+        self._lock_fd: int | None = None
+        self._grant_fd: int | None = None  # the ledger, open for appending
+        self._grant_seq = 1  # the number of the ledger's next line
+        self._grant_lines = 0
 
     def prepare(self) -> None:
         """Create STATE_DIR (0700) if it is missing, then check it is the agent's own: UnsafeStateDir if
         not, another OSError if it cannot be used at all (not a directory, not reachable)."""
         os.close(self._open_directory(create=True))
+
+    def hold_lock(self, *, create: bool = True) -> None:
+        """Take STATE_DIR's lock for as long as this process lives (or until ``release_lock``); StateDirLocked when
+        another process holds it (its pid in the message, as it wrote it). FileNotFoundError when STATE_DIR does
+        not exist and ``create`` is false."""
+        directory = self._open_directory(create=create)
+        try:
+            fd = os.open(self.LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=directory)
+        finally:
+            os.close(directory)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise StateDirLocked(f"an agent (pid {holder}) is running with STATE_DIR {self.directory}") from None
+        except OSError:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def launch_log_dir(self) -> str:
         """Where the launches' output goes (launches.py): ``launches/`` in STATE_DIR, root's alone (0700), made
@@ -147,6 +193,100 @@ class SnapshotStore:
         rows = [[gpu, user, at.isoformat()] for (gpu, user), at in sorted(revocations.items())]
         self._write(self.REVOCATIONS, signing.signed({"kind": REVOCATION_LOG, "revocations": rows}, secret))
 
+    # -- the grant ledger --------------------------------------------------------------------------
+    # A journal, one signed line per change: "+" before a grant is made, "-" once it is taken back. An append costs
+    # microseconds where rewriting a file costs a few hundred, and it sits on the path of every slot's start. The
+    # agent rewrites it whole (``rewrite_grants``) now and then, off that path, so it stays short.
+
+    def load_grants(self, *, secret: str) -> set[tuple[str, str]]:
+        """The ACL entries the agent made and has not taken back, (file, user): what ``revoke-all`` removes once
+        the agent is gone. Empty when there is no ledger; StateFileIgnored when it is unusable, a line is unsigned
+        or signed otherwise, or lines are missing in between (an edited ledger would let its editor choose whose
+        access is removed, and from what). An unfinished last line (the agent killed while writing it) announced
+        a grant that was never made, and is left out."""
+        raw = self._read(self.GRANTS)
+        self._grant_lines = 0
+        if raw is None:
+            return set()
+        grants: set[tuple[str, str]] = set()
+        expected: int | None = None
+        for number, line in enumerate(raw.split(b"\n")[:-1], start=1):
+            where = f"{self.grants_path}, line {number}"
+            data = _parse_json(self.grants_path, line)
+            if not isinstance(data, dict) or data.get("kind") != GRANT_LEDGER:
+                raise StateFileIgnored(f"{where}: not a grant ledger's")
+            try:
+                trusted = signing.verify(data, secret)
+            except (TypeError, ValueError):
+                trusted = False
+            if not trusted:
+                raise StateFileIgnored(f"{where}: bad or missing signature")
+            seq, op, path, user = (data.get(key) for key in ("seq", "op", "path", "user"))
+            if not (isinstance(seq, int) and op in ("+", "-") and isinstance(path, str) and isinstance(user, str)):
+                raise StateFileIgnored(f"{where}: malformed")
+            if expected is not None and seq != expected:
+                raise StateFileIgnored(f"{where}: line {expected} is missing")
+            expected = seq + 1
+            if op == "+":
+                grants.add((path, user))
+            else:
+                grants.discard((path, user))
+        self._grant_seq = expected or 1
+        self._grant_lines = len(raw.split(b"\n")) - 1
+        return grants
+
+    def append_grants(self, op: str, entries: set[tuple[str, str]], *, secret: str) -> None:
+        """Add lines for ``entries`` given ("+") or taken back ("-"). Not synced to the disk: the ledger matters
+        until the machine stops, and ACLs on /dev do not survive a reboot."""
+        if not entries:
+            return
+        lines = []
+        for path, user in sorted(entries):
+            record = {"kind": GRANT_LEDGER, "seq": self._grant_seq, "op": op, "path": path, "user": user}
+            lines.append(json.dumps(signing.signed(record, secret), sort_keys=True) + "\n")
+            self._grant_seq += 1
+        if self._grant_fd is None:
+            self._grant_fd = self._open_for_appending(self.GRANTS)
+        os.write(self._grant_fd, "".join(lines).encode())
+        self._grant_lines += len(lines)
+
+    def rewrite_grants(self, entries: set[tuple[str, str]], *, secret: str) -> None:
+        """Replace the ledger with one line per entry (atomically: a crash leaves the old ledger or the new)."""
+        self._close_grants()
+        self._grant_seq = 1
+        lines = []
+        for path, user in sorted(entries):
+            record = {"kind": GRANT_LEDGER, "seq": self._grant_seq, "op": "+", "path": path, "user": user}
+            lines.append(json.dumps(signing.signed(record, secret), sort_keys=True) + "\n")
+            self._grant_seq += 1
+        self._write_atomically(self.GRANTS, lambda file: file.writelines(lines), durable=False)
+        self._grant_lines = len(lines)
+
+    @property
+    def grant_lines(self) -> int:
+        """How many lines the ledger has, as this process last read or wrote it."""
+        return self._grant_lines
+
+    def _open_for_appending(self, name: str) -> int:
+        """``name`` in STATE_DIR, made if missing, opened to append to: never through a link, and only a regular
+        file of the agent's own (O_NONBLOCK: a FIFO planted under the name fails at once instead of hanging)."""
+        directory = self._open_directory(create=True)
+        try:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(name, flags, 0o600, dir_fd=directory)
+        finally:
+            os.close(directory)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            os.close(fd)
+            raise OSError(errno.EPERM, f"{self.directory / name} is not a regular file of the agent's own")
+        return fd
+
+    def _close_grants(self) -> None:
+        if self._grant_fd is not None:
+            os.close(self._grant_fd)
+            self._grant_fd = None
+
     # -- files in the directory, never through a link ----------------------------------------------
 
     def _open_directory(self, *, create: bool) -> int:
@@ -201,6 +341,10 @@ class SnapshotStore:
         return raw
 
     def _write(self, name: str, data: Any) -> None:
+        self._write_atomically(name, lambda file: json.dump(data, file, sort_keys=True))
+
+    def _write_atomically(self, name: str, fill: Callable[[TextIO], object], *, durable: bool = True) -> None:
+        """Replace ``name`` with what ``fill`` writes into a new file: all of it, or (after any failure) nothing."""
         directory = self._open_directory(create=True)
         try:
             temporary = self._temporary_name(name)
@@ -209,16 +353,18 @@ class SnapshotStore:
             fd = os.open(temporary, flags, 0o600, dir_fd=directory)
             try:
                 with os.fdopen(fd, "w") as file:
-                    json.dump(data, file, sort_keys=True)
+                    fill(file)
                     file.flush()
-                    os.fsync(file.fileno())
+                    if durable:
+                        os.fsync(file.fileno())
                 # A rename replaces whatever has the name (a link included) and never writes through it.
                 os.replace(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(temporary, dir_fd=directory)
                 raise
-            os.fsync(directory)
+            if durable:
+                os.fsync(directory)
         finally:
             os.close(directory)
 

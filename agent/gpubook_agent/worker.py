@@ -12,14 +12,17 @@ enforcement.
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
+from celery.worker import state
 from celery.worker.consumer import Consumer
 from kombu import Queue
 
 from gpubook_agent.protocol import APPLY_SNAPSHOT_TASK
+from gpubook_agent.stopping import STOP_SIGNALS
 
 # How the agent's consumer uses a Redis broker, chosen so that its broker user needs only PING and BRPOP on
 # the one key node.<name> (nodes/broker_users.py; docs/agent.md, "The broker"). Without ack emulation kombu
@@ -70,6 +73,34 @@ def make_app(
         return offer(args[0])
 
     return app
+
+
+def make_worker(app: Celery, *, node_name: str, loglevel: str) -> Any:
+    """The worker that consumes the node's queue in the main thread: one task at a time, no remote control, and
+    every stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) a warm stop, after which main.py takes every grant back.
+    Celery's own handlers would re-execute the process on SIGHUP and end it at once on a second Ctrl-C or on
+    SIGQUIT, skipping that (stopping.py)."""
+
+    def install_platform_tweaks(self: Any, worker: Any) -> None:
+        def warm_stop(signum: int, _frame: Any) -> None:
+            logging.getLogger(__name__).info("%s received: stopping", signal.Signals(signum).name)
+            # EX_OK, as Celery's own handler sets it: the worker's loop sees it and returns from start().
+            setattr(state, "should_stop", 0)  # noqa: B010 - the module's stub types it None
+
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, warm_stop)
+
+    worker_class = type("AgentWorker", (app.Worker,), {"install_platform_tweaks": install_platform_tweaks})
+    return worker_class(
+        pool="solo",
+        concurrency=1,
+        hostname=f"agent@{node_name}",
+        loglevel=loglevel,
+        without_heartbeat=True,
+        without_mingle=True,
+        without_gossip=True,
+        quiet=True,
+    )
 
 
 def reporting_consumer(refuse: Callable[[str], None]) -> type[Consumer]:

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,23 @@ else:
 """
 
 
+# A set-user-ID root program (su waiting for a password, say) that the user handed the open device to: the user
+# opens the device with their own rights, then the process runs with root's (real uid the user's, effective 0).
+SETUID_HOLDER = """
+import os, sys, time
+uid, gid, device = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+os.setgroups([])
+os.setresgid(gid, gid, gid)
+os.setresuid(uid, uid, 0)
+held = open(device, "r+b", buffering=0)
+os.setresuid(uid, 0, 0)
+with open("/proc/self/comm", "w") as comm:
+    comm.write("su")
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
 @dataclass(frozen=True)
 class UnixUser:
     name: str
@@ -80,16 +98,16 @@ def _need_root() -> None:
         pytest.skip("needs root: creates users, sets ACLs and signals their processes")
 
 
-@pytest.fixture(scope="session")
-def unix_users() -> Iterator[list[UnixUser]]:
-    """Three throwaway accounts with ordinary uids, deleted after the session."""
+@contextmanager
+def throwaway_users(count: int) -> Iterator[list[UnixUser]]:
+    """``count`` throwaway accounts with ordinary uids, deleted afterwards."""
     _need_root()
     useradd, userdel = shutil.which("useradd"), shutil.which("userdel")
     if useradd is None or userdel is None:
         pytest.skip("useradd/userdel are not installed")
     created: list[str] = []
     try:
-        for _ in range(3):
+        for _ in range(count):
             name = f"gpbt_{secrets.token_hex(4)}"
             command = [useradd, "--no-create-home", "--shell", "/usr/sbin/nologin", "--no-user-group", name]
             for attempt in range(USERADD_TRIES):
@@ -103,6 +121,20 @@ def unix_users() -> Iterator[list[UnixUser]]:
     finally:
         for name in created:
             subprocess.run([userdel, name], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="session")
+def unix_users() -> Iterator[list[UnixUser]]:
+    """Three throwaway accounts with ordinary uids, deleted after the session."""
+    with throwaway_users(3) as users:
+        yield users
+
+
+@pytest.fixture(scope="session")
+def five_users(unix_users: list[UnixUser]) -> Iterator[list[UnixUser]]:
+    """Five throwaway accounts: the three of ``unix_users`` and two more."""
+    with throwaway_users(2) as more:
+        yield [*unix_users, *more]
 
 
 @pytest.fixture(scope="session")
@@ -237,3 +269,27 @@ def portal() -> Iterator[RecordingPortal]:
     recorder = RecordingPortal()
     yield recorder
     recorder.stop()
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes a test starts, killed and reaped at its end whatever happened."""
+    processes: list[subprocess.Popen[str]] = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+def start_ready(command: list[str], started: list[subprocess.Popen[str]], **options) -> subprocess.Popen[str]:
+    """Start ``command`` (a holder that prints "ready" once it holds what it should), kept in ``started``."""
+    process = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options
+    )
+    started.append(process)
+    if read_line(process) != "ready":
+        process.kill()
+        _, errors = process.communicate(timeout=10)
+        pytest.fail(f"the holder did not start: {errors.strip() or 'no answer'}")
+    return process

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -336,10 +336,12 @@ class AgentRun:
 
     # -- the agent process ---------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, entry: Sequence[str] = ("-m", "gpubook_agent.main")) -> None:
+        """Start the agent and wait until its worker is ready. ``entry``: what the interpreter runs instead of the
+        agent's module (a test's wrapper around ``gpubook_agent.main.main``)."""
         self.log = []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gpubook_agent.main", "--config", str(self.config_path)],
+            [sys.executable, *entry, "--config", str(self.config_path)],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -367,6 +369,18 @@ class AgentRun:
         assert process.stdout is not None
         for line in process.stdout:
             self.log.append(line.rstrip())
+
+    def revoke_all(self) -> subprocess.CompletedProcess[str]:
+        """``gpubook-agent revoke-all`` with this node's config, as systemd's ExecStopPost runs it."""
+        return subprocess.run(
+            [sys.executable, "-m", "gpubook_agent.main", "revoke-all", "--config", str(self.config_path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        )
 
     def kill(self) -> None:
         """SIGKILL: no chance to tidy up, as in a crash."""

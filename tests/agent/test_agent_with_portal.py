@@ -12,6 +12,7 @@ import os
 import pwd
 import secrets
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ from portal.celery import app
 from reservations.models import Allocation, Reservation
 from reservations.pushes import request_push
 from reservations.services import reservation_cancel, reservation_release
+from tests.agent.conftest import CHILD_ENV, SETUID_HOLDER, start_ready
 from tests.agent.harness import AgentRun, acl_users, wait_for
 from tests.factories import UserFactory
 from tests.nodes.queues import purge
@@ -257,3 +259,34 @@ def test_a_cancellation_whose_push_is_taken_off_the_queue_still_closes_the_gpu_t
     # Closed by a snapshot newer than the stolen one: the pull's (nothing else was pushed).
     assert lab.agent.stored_snapshot()["version"] > lost["version"]
     assert any("pulling the snapshot" in line for line in lab.agent.log)
+
+
+def test_a_holder_the_agent_may_not_signal_drains_the_gpu_and_alerts_the_admins_until_it_is_gone(
+    lab, unix_users, started
+):
+    person = unix_users[0]
+    user = UserFactory(username="dana", unix_username=person.name)
+    booking = lab.running_booking(user, 2)
+    assert wait_for(lambda: person.name in acl_users(lab.agent.device(2)), timeout=15), "\n".join(lab.agent.log)
+    holder = start_ready(
+        [sys.executable, "-I", "-c", SETUID_HOLDER, str(person.uid), str(person.gid), lab.agent.device(2)],
+        started,
+        cwd="/",
+        env=CHILD_ENV,
+    )
+
+    reservation_release(reservation=booking, actor=user)  # after the grace, what dana left is ended: not this one
+
+    def alerted() -> Alert | None:
+        return Alert.objects.filter(kind=Alert.Kind.UNKILLABLE, gpu=lab.gpus[2], resolved_at=None).first()
+
+    assert wait_for(alerted, timeout=20, interval=0.2), "\n".join(lab.agent.log)
+    gpu = Gpu.objects.get(pk=lab.gpus[2].pk)
+    assert gpu.drained_at is not None and f"pid {holder.pid} (su) of {person.name}" in gpu.drain_reason
+    assert NodeEvent.objects.filter(node=lab.node, kind="unkillable").count() == 1
+    assert holder.poll() is None
+
+    holder.kill()  # an admin ends it
+    holder.wait(timeout=10)
+    assert wait_for(lambda: alerted() is None, timeout=20, interval=0.2)
+    assert Gpu.objects.get(pk=lab.gpus[2].pk).drained_at is not None  # bookable again once an admin returns it

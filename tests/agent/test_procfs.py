@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import stat
+import tempfile
 
 from gpubook_agent import procfs
 
@@ -59,3 +62,37 @@ def test_uid_min_comes_from_login_defs(tmp_path):
         defs.write_text(broken)
         assert procfs.uid_min(str(defs)) == 1000
     assert procfs.uid_min(str(tmp_path / "missing")) == 1000
+
+
+def test_fd_holders_finds_a_holder_under_a_hard_link_and_no_other_file(open_device, unix_users, spawn):
+    link = os.path.join(os.path.dirname(open_device), "other-name")
+    os.link(open_device, link)
+    lookalike = os.path.join(os.path.dirname(open_device), "nvidia0.copy")
+    shutil.copy(open_device, lookalike)
+    os.chmod(lookalike, 0o666)  # noqa: S103 - the test user opens it
+    through_link = spawn(link, user=unix_users[0])
+    on_the_copy = spawn(lookalike, user=unix_users[1])
+
+    assert procfs.fd_holders([open_device]) == {open_device: {through_link.pid}}
+    assert on_the_copy.pid not in procfs.fd_holders([open_device])[open_device]
+
+
+def test_fd_holders_knows_a_character_device_by_its_number_whatever_node_was_opened(unix_users, spawn):
+    # Another device node for the same device (as a container's /dev has): /dev/null's number under a new name.
+    directory = tempfile.mkdtemp(prefix="gpbt-", dir="/tmp")
+    try:
+        os.chmod(directory, 0o755)  # noqa: S103 - the test user must reach the node
+        alias = os.path.join(directory, "my-null")
+        os.mknod(alias, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        os.chmod(alias, 0o666)  # noqa: S103 - the test user opens it
+        holder = spawn(alias, user=unix_users[0])
+
+        assert holder.pid in procfs.fd_holders(["/dev/null"])["/dev/null"]
+        assert procfs.file_identity(alias) == procfs.file_identity("/dev/null") == ("char", 1, 3, 0)
+        assert procfs.file_identity(f"/proc/{holder.pid}/fd/3") == procfs.file_identity("/dev/null")
+    finally:
+        shutil.rmtree(directory)
+
+
+def test_the_identity_of_a_file_that_is_gone_is_none(tmp_path):
+    assert procfs.file_identity(str(tmp_path / "missing")) is None

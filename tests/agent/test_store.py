@@ -379,3 +379,86 @@ def test_a_revocation_log_signed_by_hand_with_the_secret_is_believed(tmp_path):
     store.revocations_path.write_text(json.dumps(log_signed([["GPU-1", "bob", NOW.isoformat()]])))
 
     assert store.load_revocations(secret=SECRET) == {("GPU-1", "bob"): NOW}
+
+
+# -- the grant ledger ---------------------------------------------------------------------------------------
+
+
+def test_the_grant_ledger_replays_its_journal_across_processes(tmp_path):
+    writer = SnapshotStore(tmp_path)
+    writer.append_grants("+", {("/dev/nvidia0", "alice"), ("/dev/nvidia1", "bob")}, secret=SECRET)
+    writer.append_grants("-", {("/dev/nvidia0", "alice")}, secret=SECRET)
+    writer.append_grants("+", {("/dev/nvidia-caps/nvidia-cap21", "carol")}, secret=SECRET)
+
+    reader = SnapshotStore(tmp_path)  # revoke-all, after the agent is gone
+    assert reader.load_grants(secret=SECRET) == {
+        ("/dev/nvidia1", "bob"),
+        ("/dev/nvidia-caps/nvidia-cap21", "carol"),
+    }
+    assert mode(reader.grants_path) == 0o600
+    reader.append_grants("-", {("/dev/nvidia1", "bob")}, secret=SECRET)  # continues the numbering
+    assert SnapshotStore(tmp_path).load_grants(secret=SECRET) == {("/dev/nvidia-caps/nvidia-cap21", "carol")}
+
+
+def test_a_rewritten_grant_ledger_is_short_and_says_the_same(tmp_path):
+    store = SnapshotStore(tmp_path)
+    for _ in range(50):
+        store.append_grants("+", {("/dev/nvidia0", "alice")}, secret=SECRET)
+        store.append_grants("-", {("/dev/nvidia0", "alice")}, secret=SECRET)
+    store.append_grants("+", {("/dev/nvidia2", "bob")}, secret=SECRET)
+
+    store.rewrite_grants({("/dev/nvidia2", "bob")}, secret=SECRET)
+    store.append_grants("+", {("/dev/nvidia3", "carol")}, secret=SECRET)  # appends to the new file, not the old
+
+    assert store.grants_path.read_text().count("\n") == 2
+    assert SnapshotStore(tmp_path).load_grants(secret=SECRET) == {
+        ("/dev/nvidia2", "bob"),
+        ("/dev/nvidia3", "carol"),
+    }
+    assert leftovers(store) == [SnapshotStore.GRANTS]
+
+
+def test_an_unfinished_last_line_of_the_ledger_is_a_grant_never_made(tmp_path):
+    store = SnapshotStore(tmp_path)
+    store.append_grants("+", {("/dev/nvidia0", "alice")}, secret=SECRET)
+    with open(store.grants_path, "a") as ledger:
+        ledger.write('{"kind": "grant-ledger", "op": "+", "path": "/dev/nvi')  # killed while writing
+
+    assert SnapshotStore(tmp_path).load_grants(secret=SECRET) == {("/dev/nvidia0", "alice")}
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        (lambda lines: lines[:1] + lines[2:], "line 2 is missing"),  # a line taken out: a grant hidden
+        (lambda lines: [lines[0].replace("alice", "mallory"), *lines[1:]], "bad or missing signature"),
+        (
+            lambda lines: [json.dumps({"kind": "grant-ledger", "seq": 1, "op": "+", "path": "/etc/x", "user": "a"})],
+            "signature",
+        ),
+        (lambda lines: ["not json", *lines], "not valid JSON"),
+    ],
+    ids=["line-removed", "name-changed", "unsigned", "not-json"],
+)
+def test_an_edited_grant_ledger_is_not_believed(tmp_path, edit, reason):
+    store = SnapshotStore(tmp_path)
+    store.append_grants("+", {("/dev/nvidia0", "alice")}, secret=SECRET)
+    store.append_grants("+", {("/dev/nvidia1", "bob")}, secret=SECRET)
+    store.append_grants("+", {("/dev/nvidia2", "carol")}, secret=SECRET)
+    lines = store.grants_path.read_text().splitlines()
+    store.grants_path.write_text("".join(line + "\n" for line in edit(lines)))
+
+    with pytest.raises(StateFileIgnored, match=reason):
+        SnapshotStore(tmp_path).load_grants(secret=SECRET)
+
+
+def test_the_ledger_is_never_appended_through_a_link(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / SnapshotStore.GRANTS).symlink_to(target)
+
+    with pytest.raises(OSError):
+        SnapshotStore(state).append_grants("+", {("/dev/nvidia0", "alice")}, secret=SECRET)
+    assert target.read_text() == ""

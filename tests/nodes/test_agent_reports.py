@@ -205,6 +205,30 @@ def test_an_unkillable_leftover_drains_the_gpu_until_an_admin_returns_it(node, g
     assert reservation_create(user=alice, gpus=[drained], start=start, end=start + timedelta(hours=1)).pk
 
 
+def test_an_unkillable_holder_run_as_root_drains_the_gpu_with_the_agents_words_and_opens_an_alert(node, gpus):
+    message = (
+        "pid 4242 (su) of bob runs with root's privileges (a set-user-ID program such as su holding the device "
+        "open): the agent never signals root, so an admin must end it"
+    )
+    event = {
+        "kind": "unkillable",
+        "at": timezone.now().isoformat(),
+        "gpu": gpus[2].uuid,
+        "user": "bob",
+        "pid": 4242,
+        "pids": [4242],
+        "process": "su",
+        "message": message,
+        "drained": True,
+    }
+    assert agent_client(node).post(EVENTS, {"events": [event]}, format="json").json()["stored"] == 1
+
+    drained = Gpu.objects.get(pk=gpus[2].pk)
+    assert drained.drained_at is not None and drained.drain_reason == message  # what the admin reads, and why
+    (alert,) = Alert.objects.filter(kind=Alert.Kind.UNKILLABLE, resolved_at=None)
+    assert alert.gpu_id == gpus[2].pk
+
+
 # --- the event budget and retention ---------------------------------------------------------------
 
 
