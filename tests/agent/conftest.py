@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from django.conf import settings
 
-from tests.agent.harness import RecordingPortal
+from tests.agent.harness import AgentRun, RecordingPortal
 
 USERADD_TRIES = 5  # useradd fails while another process holds the /etc/passwd lock
 CHILD_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
@@ -185,13 +186,12 @@ Spawn = Callable[..., subprocess.Popen[str]]
 
 
 @pytest.fixture
-def spawn(user_python: str) -> Iterator[Spawn]:
+def spawn(user_python: str, started: list[subprocess.Popen[str]]) -> Spawn:
     """Start a holder process (``HOLDER``) as a user, or as root with ``user=None``; waits until it is ready.
     ``also``: files it opens besides the device (a MIG slice's capability files).
 
-    Every process is killed and reaped at the end of the test, whatever happened.
+    Every process is killed and reaped at the end of the test, whatever happened (``started``).
     """
-    started: list[subprocess.Popen[str]] = []
 
     def start(
         device: str,
@@ -201,7 +201,7 @@ def spawn(user_python: str) -> Iterator[Spawn]:
         name: str = "",
         also: Sequence[str] = (),
     ) -> subprocess.Popen[str]:
-        process = subprocess.Popen(
+        return start_ready(
             [
                 user_python if user else sys.executable,
                 "-I",
@@ -212,29 +212,12 @@ def spawn(user_python: str) -> Iterator[Spawn]:
                 name,
                 *also,
             ],
+            started,
             stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
             **(run_as(user) if user else {"cwd": "/", "env": CHILD_ENV}),
         )
-        started.append(process)
-        if read_line(process) != "ready":
-            process.kill()
-            _, errors = process.communicate(timeout=10)
-            pytest.fail(f"the holder did not start: {errors.strip() or 'no answer'}")
-        return process
 
-    try:
-        yield start
-    finally:
-        for process in started:
-            if process.poll() is None:
-                process.kill()
-            process.wait(timeout=10)
-            for stream in (process.stdin, process.stdout, process.stderr):
-                if stream:
-                    stream.close()
+    return start
 
 
 def read_line(process: subprocess.Popen[str], timeout: float = 10.0) -> str:
@@ -280,12 +263,17 @@ def started() -> Iterator[list[subprocess.Popen[str]]]:
         if process.poll() is None:
             process.kill()
         process.wait(timeout=10)
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream:
+                stream.close()
 
 
-def start_ready(command: list[str], started: list[subprocess.Popen[str]], **options) -> subprocess.Popen[str]:
+def start_ready(
+    command: list[str], started: list[subprocess.Popen[str]], *, stdin: int = subprocess.DEVNULL, **options: Any
+) -> subprocess.Popen[str]:
     """Start ``command`` (a holder that prints "ready" once it holds what it should), kept in ``started``."""
     process = subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options
+        command, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options
     )
     started.append(process)
     if read_line(process) != "ready":
@@ -293,3 +281,22 @@ def start_ready(command: list[str], started: list[subprocess.Popen[str]], **opti
         _, errors = process.communicate(timeout=10)
         pytest.fail(f"the holder did not start: {errors.strip() or 'no answer'}")
     return process
+
+
+@pytest.fixture
+def make_agent(portal: RecordingPortal) -> Iterator[Callable[..., AgentRun]]:
+    """Start agents on simulated nodes of their own (``AgentRun``'s options), reporting to ``portal``; each is killed
+    and its files removed at the end. ``entry``: what the interpreter runs instead of the agent's module."""
+    runs: list[AgentRun] = []
+
+    def make(*, entry: tuple[str, ...] = ("-m", "gpubook_agent.main"), **options: Any) -> AgentRun:
+        options.setdefault("broker_url", settings.CELERY_BROKER_URL)
+        options.setdefault("portal_url", portal.url)
+        run = AgentRun(**options)
+        runs.append(run)
+        run.start(entry=entry)
+        return run
+
+    yield make
+    for run in runs:
+        run.cleanup()

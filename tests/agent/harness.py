@@ -355,15 +355,7 @@ class AgentRun:
     def run_until_exit(self) -> subprocess.CompletedProcess[str]:
         """Run the agent in the foreground for a test that expects it to stop by itself (refusing to
         start, say); it would otherwise run until killed."""
-        return subprocess.run(
-            [sys.executable, "-m", "gpubook_agent.main", "--config", str(self.config_path)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-        )
+        return self._run_command()
 
     def _read_log(self, process: subprocess.Popen[str]) -> None:
         assert process.stdout is not None
@@ -372,8 +364,11 @@ class AgentRun:
 
     def revoke_all(self) -> subprocess.CompletedProcess[str]:
         """``gpubook-agent revoke-all`` with this node's config, as systemd's ExecStopPost runs it."""
+        return self._run_command("revoke-all")
+
+    def _run_command(self, *command: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "gpubook_agent.main", "revoke-all", "--config", str(self.config_path)],
+            [sys.executable, "-m", "gpubook_agent.main", *command, "--config", str(self.config_path)],
             cwd=REPO,
             capture_output=True,
             text=True,

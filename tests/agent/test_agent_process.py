@@ -12,7 +12,6 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 
 from gpubook_agent import protocol
 from gpubook_agent.gpus.mig import read_mig_minors
@@ -20,23 +19,6 @@ from gpubook_agent.gpus.simulated import MEMORY_TOTAL_MIB, process_mib
 from tests.agent.harness import AgentRun, PrivateRedis, acl_users, lease, now, wait_for
 
 pytestmark = pytest.mark.usefixtures("unix_users")
-
-
-@pytest.fixture
-def make_agent(portal):
-    runs: list[AgentRun] = []
-
-    def make(**options) -> AgentRun:
-        options.setdefault("broker_url", settings.CELERY_BROKER_URL)
-        options.setdefault("portal_url", portal.url)
-        run = AgentRun(**options)
-        runs.append(run)
-        run.start()
-        return run
-
-    yield make
-    for run in runs:
-        run.cleanup()
 
 
 def test_access_opens_at_the_slot_start_and_closes_at_its_end(make_agent, unix_users, try_open):

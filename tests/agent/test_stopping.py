@@ -10,7 +10,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 
 from tests.agent.harness import AgentRun, acl_users, lease, now, wait_for
 
@@ -28,23 +27,6 @@ def fault(signum, frame):
 signal.signal(signal.SIGUSR2, fault)
 sys.exit(main(sys.argv[1:]))
 """
-
-
-@pytest.fixture
-def make_agent(portal):
-    runs: list[AgentRun] = []
-
-    def make(*, entry: tuple[str, ...] = ("-m", "gpubook_agent.main"), **options) -> AgentRun:
-        options.setdefault("broker_url", settings.CELERY_BROKER_URL)
-        options.setdefault("portal_url", portal.url)
-        run = AgentRun(**options)
-        runs.append(run)
-        run.start(entry=entry)
-        return run
-
-    yield make
-    for run in runs:
-        run.cleanup()
 
 
 def kept_files(agent: AgentRun) -> list[str]:

@@ -16,10 +16,9 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 
 from tests.agent.conftest import CHILD_ENV, SETUID_HOLDER, UnixUser, run_as, start_ready
-from tests.agent.harness import AgentRun, acl_users, lease, now, wait_for
+from tests.agent.harness import acl_users, lease, now, wait_for
 
 # Inside `unshare -Urm` (a user and mount namespace of the user's own): the device bound onto a file of theirs, and
 # opened under that name. /proc/<pid>/fd then shows the other name.
@@ -31,23 +30,6 @@ held = open(alias, "r+b", buffering=0)
 print("ready", flush=True)
 time.sleep(600)
 """
-
-
-@pytest.fixture
-def make_agent(portal):
-    runs: list[AgentRun] = []
-
-    def make(**options) -> AgentRun:
-        options.setdefault("broker_url", settings.CELERY_BROKER_URL)
-        options.setdefault("portal_url", portal.url)
-        run = AgentRun(**options)
-        runs.append(run)
-        run.start()
-        return run
-
-    yield make
-    for run in runs:
-        run.cleanup()
 
 
 def test_a_holder_with_roots_privileges_is_one_incident_that_drains_its_gpu_until_it_is_gone(
