@@ -41,9 +41,13 @@ LONGEST_TAIL = len("/gpubook-") + 18 + 1 + 7 + len("/" + SOCKET_NAME)
 MAX_SOCKET_DIR_CHARS = MAX_SOCKET_PATH_CHARS - LONGEST_TAIL
 LAUNCH_DIR_RE = re.compile(r"\Agpubook-[0-9]{1,18}-[0-9]{1,7}\Z")
 TCP_LISTEN = 0x0A  # the state column of /proc/net/tcp: include/net/tcp_states.h, TCP_LISTEN
-# Local addresses a connection to 127.0.0.1 can land on: the loopback itself and the wildcards (an IPv6 wildcard
-# socket takes IPv4 too unless it is IPV6_V6ONLY, which /proc/net/tcp6 does not show: counted, failing closed).
-REACHES_LOOPBACK = frozenset({"127.0.0.1", "0.0.0.0", "::", "::ffff:127.0.0.1", "::ffff:0.0.0.0"})  # noqa: S104
+# Local addresses a connection to 127.0.0.1 can land on, in the order the kernel prefers them: the loopback address
+# itself, then an IPv4 wildcard, then an IPv6 wildcard (which takes IPv4 only unless it is IPV6_V6ONLY, which
+# /proc/net/tcp6 does not show). Only the first kind present receives connections (``receiving_listeners``).
+EXACT_LOOPBACK = frozenset({"127.0.0.1", "::ffff:127.0.0.1"})
+IPV4_WILDCARD = frozenset({"0.0.0.0", "::ffff:0.0.0.0"})  # noqa: S104
+IPV6_WILDCARD = frozenset({"::"})
+REACHES_LOOPBACK = EXACT_LOOPBACK | IPV4_WILDCARD | IPV6_WILDCARD
 
 
 class UnsafeSocketDir(Exception):
@@ -226,6 +230,20 @@ def loopback_listeners(port: int, *, proc: str = procfs.PROC) -> list[TcpSocket]
     ]
 
 
+def receiving_listeners(listeners: list[TcpSocket]) -> tuple[list[TcpSocket], bool]:
+    """Of ``loopback_listeners``, those a connection to 127.0.0.1 lands on, and whether that is certain. The kernel
+    takes a listener bound to the address itself before a wildcard, and an IPv4 wildcard before an IPv6 one (a
+    listener's score: Linux's inet_lhash2 lookup and compute_score), and two sockets share one such place only
+    with SO_REUSEPORT, which the kernel allows for one account alone. An IPv6 wildcard alone is uncertain: it may
+    be IPV6_V6ONLY and take no IPv4 at all. So another account's IPv6-only listener beside the launch's own on
+    127.0.0.1 changes nothing (it used to refuse any launch on a port: anyone could stop one)."""
+    for addresses in (EXACT_LOOPBACK, IPV4_WILDCARD):
+        found = [item for item in listeners if item.address in addresses]
+        if found:
+            return found, True
+    return [item for item in listeners if item.address in IPV6_WILDCARD], False
+
+
 def held_socket_inodes(pids: Iterable[int], *, proc: str = procfs.PROC) -> set[int]:
     """The inodes of the sockets these processes hold open (``/proc/<pid>/fd/* -> socket:[inode]``)."""
     inodes: set[int] = set()
@@ -251,25 +269,26 @@ class PortVerdict:
 
 
 def port_verdict(port: int, *, uid: int, pids: Iterable[int], proc: str = procfs.PROC) -> PortVerdict:
-    """Whether the launch of user ``uid`` whose processes are ``pids`` is what listens on 127.0.0.1:``port``: every
-    listener there must be a socket ``uid`` made, held open by one of ``pids``. One that is not is ``foreign``,
-    with words naming its account (the holder is never shown that port)."""
-    listeners = loopback_listeners(port, proc=proc)
-    if not listeners:
+    """Whether the launch of user ``uid`` whose processes are ``pids`` is what a connection to 127.0.0.1:``port``
+    reaches: every listener it lands on (``receiving_listeners``) must be a socket ``uid`` made, held open by one of
+    ``pids``. One that is not is ``foreign``, with words naming its account (the holder is never shown that port).
+    An IPv6 wildcard that is not the launch's, with nothing on IPv4, keeps it ``waiting`` rather than refused: it
+    may take no IPv4 at all, and the launch may still bind 127.0.0.1 beside it."""
+    receivers, certain = receiving_listeners(loopback_listeners(port, proc=proc))
+    if not receivers:
         return PortVerdict("waiting", "waiting for it to listen on its port")
     held = held_socket_inodes(pids, proc=proc)
-    for listener in listeners:
+    for listener in receivers:
+        problem = None
         if listener.uid != uid:
+            problem = f"is held by another account ({procfs.user_label(listener.uid)}), not by the launch"
+        elif listener.inode not in held:
+            problem = "is held by a process outside the launch"
+        if problem and not certain:
+            return PortVerdict("waiting", "waiting for it to listen on its port on 127.0.0.1")
+        if problem:
             return PortVerdict(
-                "foreign",
-                f"port {port} on the node's loopback is held by another account ({procfs.user_label(listener.uid)}), "
-                "not by the launch: its port and token were not shown",
-            )
-        if listener.inode not in held:
-            return PortVerdict(
-                "foreign",
-                f"port {port} on the node's loopback is held by a process outside the launch: its port and token "
-                "were not shown",
+                "foreign", f"port {port} on the node's loopback {problem}: its port and token were not shown"
             )
     return PortVerdict("ours")
 

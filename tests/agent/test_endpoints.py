@@ -22,7 +22,7 @@ import pytest
 from gpubook_agent import endpoints
 from gpubook_agent.config import ConfigError, config_from_values
 from gpubook_agent.endpoints import UnsafeSocketDir
-from tests.agent.conftest import _need_root, run_as
+from tests.agent.conftest import _need_root, run_as, start_ready
 
 
 @pytest.fixture
@@ -124,7 +124,7 @@ def test_only_a_socket_the_user_made_in_their_directory_counts(root, unix_users,
 
 @pytest.mark.parametrize(
     ("family", "address"),
-    [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")],  # noqa: S104
+    [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET, "0.0.0.0")],  # noqa: S104
 )
 def test_a_listener_that_reaches_the_loopback_counts_only_when_the_launch_holds_it(family, address):
     with socket.socket(family) as listener:
@@ -141,6 +141,63 @@ def test_a_listener_that_reaches_the_loopback_counts_only_when_the_launch_holds_
         assert other.kind == "foreign" and "held by another account (root)" in other.message
         assert "its port and token were not shown" in other.message
     assert endpoints.port_verdict(port, uid=me, pids=[os.getpid()]).kind == "waiting"
+
+
+def test_an_ipv6_wildcard_alone_is_the_launchs_when_it_holds_it_and_otherwise_never_shown_nor_refused():
+    with socket.socket(socket.AF_INET6) as listener:
+        listener.bind(("::", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        me = os.getuid()
+
+        assert endpoints.port_verdict(port, uid=me, pids=[os.getpid()]).kind == "ours"
+        # It may be IPV6_V6ONLY and take no IPv4: not the launch's, so not shown, but no reason to refuse it either.
+        assert endpoints.port_verdict(port, uid=4242, pids=[os.getpid()]).kind == "waiting"
+
+
+LISTENER = """
+import socket, sys, time
+family, address, port, v6only = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "v6only"
+listener = socket.socket(socket.AF_INET6 if family == "6" else socket.AF_INET)
+if v6only:
+    listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+listener.bind((address, port))
+listener.listen()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_another_accounts_ipv6_only_wildcard_beside_the_launchs_listener_changes_nothing(
+    unix_users, user_python, started
+):
+    # Any account can listen on [::]:P with IPV6_V6ONLY beside the launch's 127.0.0.1:P (no conflict): a connection
+    # to 127.0.0.1 never reaches it, and it must not refuse (stop) the launch.
+    with socket.socket(socket.AF_INET) as launch:
+        launch.bind(("127.0.0.1", 0))
+        launch.listen()
+        port = launch.getsockname()[1]
+        start_ready(
+            [user_python, "-I", "-c", LISTENER, "6", "::", str(port), "v6only"], started, **run_as(unix_users[1])
+        )
+
+        assert sorted(item.address for item in endpoints.loopback_listeners(port)) == ["127.0.0.1", "::"]
+        assert endpoints.port_verdict(port, uid=os.getuid(), pids=[os.getpid()]).kind == "ours"
+
+
+def test_another_accounts_listener_on_the_loopback_address_refuses_the_launch(unix_users, user_python, started):
+    # It took the port before the launch could: a connection to 127.0.0.1:P reaches it, whatever the launch holds.
+    with socket.socket(socket.AF_INET6) as launch:
+        launch.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        launch.bind(("::", 0))
+        launch.listen()
+        port = launch.getsockname()[1]
+        start_ready(
+            [user_python, "-I", "-c", LISTENER, "4", "127.0.0.1", str(port), "-"], started, **run_as(unix_users[1])
+        )
+
+        verdict = endpoints.port_verdict(port, uid=os.getuid(), pids=[os.getpid()])
+        assert verdict.kind == "foreign" and f"held by another account ({unix_users[1].name})" in verdict.message
 
 
 def test_a_listener_on_another_loopback_address_is_not_one_the_holder_reaches():
