@@ -224,6 +224,9 @@ def mig_layout_confirm(*, card: Gpu, actor: Any, seen: str | None = None) -> lis
         raise ValueError(f"{card} is a slice: confirm the layout on its card.")
     with transaction.atomic():
         card = Gpu.objects.select_for_update().select_related("node").get(pk=card.pk)
+        # The slices too, before the fingerprint is compared: a heartbeat moving or dropping one (it locks no card
+        # when only slices change) then waits for this confirmation, or is seen by it.
+        list(Gpu.objects.select_for_update().filter(parent=card).order_by("pk").values_list("pk", flat=True))
         if seen is not None and seen != mig_layout_fingerprint(card):
             raise ValueError(f"{card}: its agent reported another layout since you looked. Look again.")
         before = CardLayout.confirmed(card)
@@ -252,7 +255,9 @@ def mig_layout_confirm(*, card: Gpu, actor: Any, seen: str | None = None) -> lis
                     compute_slices=piece.compute_slices, reported_compute_slices=None
                 )
             piece.bookable = True
-        Gpu.objects.filter(pk__in=[piece.pk for piece in present], bookable=False).update(bookable=True)
+        Gpu.objects.filter(pk__in=[piece.pk for piece in present], bookable=False, gone_at__isnull=True).update(
+            bookable=True
+        )
         audit_record(
             actor=actor,
             action="gpu.mig_layout_confirm",

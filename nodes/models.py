@@ -199,7 +199,7 @@ class Gpu(models.Model):
 
     @property
     def is_bookable(self) -> bool:
-        return self.bookable and self.drained_at is None and self.mig_change_at is None
+        return self.bookable and self.drained_at is None and self.mig_change_at is None and self.gone_at is None
 
 
 def card_share(unit_slices: int, card_slices: int | None) -> Fraction:
@@ -230,7 +230,7 @@ def cuda_visible_devices(gpus: list[Gpu]) -> str:
 
 
 # GPUs that take new bookings, as a filter (the queryset twin of Gpu.is_bookable).
-BOOKABLE_GPUS = models.Q(bookable=True, drained_at__isnull=True, mig_change_at__isnull=True)
+BOOKABLE_GPUS = models.Q(bookable=True, drained_at__isnull=True, mig_change_at__isnull=True, gone_at__isnull=True)
 
 # Beyond any card's memory slices (8 on today's MIG cards): the placement a whole-card booking covers.
 WHOLE_CARD = 64
