@@ -127,8 +127,9 @@ _KNOWN = (
 )
 
 
-def read_config_file(path: str | Path) -> dict[str, str]:
-    """``KEY=value`` lines; blank lines and ``#`` comments skipped; optional quotes stripped."""
+def read_config_file(path: str | Path, *, lenient: bool = False) -> dict[str, str]:
+    """``KEY=value`` lines; blank lines and ``#`` comments skipped; optional quotes stripped. ``lenient``: a line
+    that is not ``KEY=value`` is skipped rather than refused."""
     values: dict[str, str] = {}
     try:
         text = Path(path).read_text()
@@ -140,6 +141,8 @@ def read_config_file(path: str | Path) -> dict[str, str]:
             continue
         key, sep, value = line.partition("=")
         key, value = key.strip(), value.strip()
+        if (not sep or not key) and lenient:
+            continue
         if not sep or not key:
             raise ConfigError(f"{path}, line {number}: expected KEY=value")
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
@@ -169,6 +172,23 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
     if unknown:
         raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(_KNOWN))}")
     return config_from_values(values)
+
+
+def load_state_settings(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """STATE_DIR and LEASE_SECRET alone, read as ``load_config`` reads them but leniently: ``revoke-all`` needs
+    nothing else, and must work after a kill even if an edit since broke the rest of the config (a typo, a missing
+    setting, an http PORTAL_URL). ConfigError only when the file cannot be read or LEASE_SECRET is missing."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, str] = {}
+    file = config_file(path, environ)
+    if file:
+        values.update(read_config_file(file, lenient=True))
+    for key in ("STATE_DIR", "LEASE_SECRET"):
+        if ENV_PREFIX + key in environ:
+            values[key] = environ[ENV_PREFIX + key]
+    if not values.get("LEASE_SECRET"):
+        raise ConfigError("missing setting: LEASE_SECRET (the grant ledger is signed with it)")
+    return values.get("STATE_DIR") or AgentConfig.state_dir, values["LEASE_SECRET"]
 
 
 def config_from_values(values: Mapping[str, str]) -> AgentConfig:

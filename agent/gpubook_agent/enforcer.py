@@ -55,6 +55,7 @@ RUNS_AS_ROOT = (
 )
 REFUSAL_REPORT_INTERVAL = 60.0  # seconds between two reports of the same refusal
 REVOKE_ALL_ATTEMPTS = 3  # a stop reads the files back and tries again while an entry is left
+PASS_WAIT_SECONDS = 30.0  # how long a stop waits for a pass in progress (each setfacl gives up after 10 s)
 # The grant ledger is rewritten in short once it has more lines than this many per entry, and this many more.
 LEDGER_LINES_PER_ENTRY, LEDGER_SLACK_LINES = 4, 256
 
@@ -118,6 +119,9 @@ class Enforcer:
         self._ledger: set[tuple[str, str]] = set()
         self._ledger_failure = ""  # the last failure to write it, reported once
         self._ledger_lock = threading.Lock()
+        # Held while a pass changes files (the enforcer thread; the start's, in the main thread): revoke_all waits
+        # for it. Reentrant: revoke_all's own passes take it too.
+        self._passing = threading.RLock()
         self._refusals_reported: dict[str, float] = {}
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._check_pending = threading.Event()
@@ -312,8 +316,9 @@ class Enforcer:
         """Write the entries about to be granted into the ledger first, so it is never behind the ACLs."""
         new = entries - self._ledger
         if new:
-            self._ledger = self._ledger | new
-            self._ledger_write(lambda: self.store.append_grants("+", new, secret=self.config.lease_secret))
+            ledger = self._ledger = self._ledger | new
+            secret = self.config.lease_secret
+            self._ledger_write(lambda: self.store.append_grants("+", new, current=ledger, secret=secret))
 
     def _ledger_settle(self, wanted_files: dict[str, set[str]]) -> None:
         """After a pass: the ledger keeps the entries that are on the files now and that the agent made or wants
@@ -327,8 +332,8 @@ class Enforcer:
             return
         self._ledger = ledger
         secret = self.config.lease_secret
-        self._ledger_write(lambda: self.store.append_grants("-", gone, secret=secret))
-        self._ledger_write(lambda: self.store.append_grants("+", adopted, secret=secret))
+        self._ledger_write(lambda: self.store.append_grants("-", gone, current=ledger, secret=secret))
+        self._ledger_write(lambda: self.store.append_grants("+", adopted, current=ledger, secret=secret))
         if self.store.grant_lines > LEDGER_LINES_PER_ENTRY * len(ledger) + LEDGER_SLACK_LINES:
             self._jobs.put(Job("ledger"))
 
@@ -540,6 +545,10 @@ class Enforcer:
         at its start) go in one call, a file's revokes and grants in the same one, and calls run
         side by side.
         """
+        with self._passing:
+            self._enforce_now(wanted, now)
+
+    def _enforce_now(self, wanted: dict[str, set[str]], now: datetime) -> None:
         access = self.access
         wanted_files = access.files_wanted(wanted)
         # Entries no unit the user holds explains (left from before a restart, added by hand): reported
@@ -560,11 +569,12 @@ class Enforcer:
             if self._files[path]:
                 changes.setdefault((tuple(sorted(self._files[path])), ()), []).append(path)
         planned = [(paths, list(revokes), list(grants)) for (revokes, grants), paths in changes.items()]
-        if self._stop.is_set():  # stopping: take back, never give (revoke_all runs beside a pass that may linger)
+        if self._stop.is_set():  # stopping: take back, never give
             planned = [(paths, revokes, []) for paths, revokes, _ in planned if revokes]
         self._ledger_add({(path, user) for paths, _, grants in planned for path in paths for user in grants})
-        if len(planned) == 1:
-            self._change(*planned[0])
+        if len(planned) == 1 or self._stop.is_set():  # stopping: the pool is shut (revoke_all)
+            for plan in planned:
+                self._change(*plan)
         elif planned:
 
             def change(plan: tuple[list[str], list[str], list[str]]) -> None:
@@ -609,7 +619,12 @@ class Enforcer:
 
     def _change(self, paths: list[str], revokes: list[str], grants: list[str]) -> None:
         """One setfacl for files that change alike; if that fails, file by file, and then one user at a
-        time, revokes first, so a name the node does not know never holds up a revocation."""
+        time, revokes first, so a name the node does not know never holds up a revocation. Once the agent stops, a
+        change still on its way gives nothing (a pool thread may start one after the stop began)."""
+        if self._stop.is_set():
+            grants = []
+            if not revokes:
+                return
         try:
             acl.change_many(paths, revoke=revokes, grant=grants)
         except acl.AclError:
@@ -649,9 +664,16 @@ class Enforcer:
         every entry its ledger names. With no agent running nothing would end a slot, so a stopped agent leaves
         the GPUs closed (fail closed); a restart restores what the stored snapshot allows within a second.
 
-        Called after ``stop``, so no pass grants anything meanwhile. Read back and tried again while entries
-        remain; returns those that could not be removed (each reported as ``revoke_failed`` too)."""
+        Called after ``stop``. Nothing grants from then on, but a change already handed to a setfacl can land: so it
+        first waits for the pool's changes and for a pass still running (a pass the start made in the main thread,
+        cut short by a stop signal, leaves its pool threads at work), then reads the files. Read back and tried
+        again while entries remain; returns those that could not be removed (each reported as ``revoke_failed``)."""
         self._stop.set()
+        self._pool.shutdown(wait=True)
+        if not self._passing.acquire(timeout=PASS_WAIT_SECONDS):
+            log.error("a pass did not finish within %ss; taking the grants back beside it", PASS_WAIT_SECONDS)
+        else:
+            self._passing.release()
         remaining: list[tuple[str, str]] = []
         for _attempt in range(REVOKE_ALL_ATTEMPTS):
             now = self.clock()
@@ -807,7 +829,7 @@ class Enforcer:
         for path, pids in by_path.items():
             units = access.units_of_file.get(path) or tuple(unit for unit in (access.owner(path),) if unit)
             for pid in sorted(pids & holders.keys()):
-                live.update((unit, pid) for unit in units[:1])
+                live.update((unit, pid) for unit in units)  # every unit it serves: a slice's holder on the card's file
                 user = holders[pid].user or ""
                 if user in wanted_files.get(path, ()) or access.keeps_open(path, user, wanted):
                     continue  # allowed

@@ -20,7 +20,7 @@ import stat
 import sys
 
 from gpubook_agent import acl
-from gpubook_agent.config import ConfigError, load_config
+from gpubook_agent.config import ConfigError, load_state_settings
 from gpubook_agent.store import SnapshotStore, StateDirLocked, StateFileIgnored, UnsafeStateDir
 
 PROG = "gpubook-agent revoke-all"
@@ -30,21 +30,23 @@ def main(config_path: str | None) -> int:
     """0: nothing is left granted (or nothing was); 1: some entries could not be removed (kept in the ledger for
     the next try) or the ledger is not trusted; 2: the config or STATE_DIR cannot be used, or the agent runs."""
     try:
-        config = load_config(config_path)
+        # STATE_DIR and LEASE_SECRET alone: a config broken by an edit since the agent started must not keep the
+        # GPUs open after a kill (the rest of it is the agent's business, which refuses to start with it).
+        state_dir, secret = load_state_settings(config_path)
     except ConfigError as error:
         return _fail(str(error), 2)
-    store = SnapshotStore(config.state_dir)
+    store = SnapshotStore(state_dir)
     try:
         store.hold_lock(create=False)
     except FileNotFoundError:
-        print(f"{PROG}: no STATE_DIR {config.state_dir}: the agent never ran here, nothing to revoke")
+        print(f"{PROG}: no STATE_DIR {state_dir}: the agent never ran here, nothing to revoke")
         return 0
     except StateDirLocked as error:
         return _fail(f"{error}: stop it instead (it takes its grants back itself)", 2)
     except (UnsafeStateDir, OSError) as error:
         return _fail(str(error), 2)
     try:
-        return revoke_ledger(store, secret=config.lease_secret)
+        return revoke_ledger(store, secret=secret)
     finally:
         store.release_lock()
 

@@ -1,4 +1,4 @@
-"""The signals that stop the agent, and what they do at each stage of its life.
+"""The signals that stop the agent, and what they do at each stage of its life (and SIGUSR1, which only shows it).
 
 Before the worker runs (and after it, while the agent shuts down) the agent's own handlers are in force: until the
 shut-down begins a stop signal raises ``AgentStopping`` in the main thread, so the ``finally`` that takes every grant
@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
+import threading
+import traceback
 from types import FrameType
 
 log = logging.getLogger(__name__)
@@ -45,3 +48,16 @@ def stop_signals_ignored() -> None:
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, already_stopping)
+
+
+def threads_shown_on_sigusr1() -> None:
+    """SIGUSR1 logs every thread's stack, by name, and changes nothing (Celery's meaning for it; the default action
+    would end the agent, and without a revocation)."""
+
+    def show(signum: int, _frame: FrameType | None) -> None:
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        for ident, frame in sys._current_frames().items():
+            stack = "".join(traceback.format_stack(frame))
+            log.warning("thread %s (%s):\n%s", names.get(ident, "?"), ident, stack)
+
+    signal.signal(signal.SIGUSR1, show)

@@ -41,6 +41,7 @@ from gpubook_agent import signing
 
 REVOCATION_LOG = "revocation-log"  # the signed log's "kind": a snapshot's signature can never pass for it
 GRANT_LEDGER = "grant-ledger"  # the ledger's "kind", likewise
+Grants = set[tuple[str, str]]  # the grant ledger's entries: (file, user)
 MAX_STATE_FILE_BYTES = 64 * 1024 * 1024  # far above any real snapshot (a day of leases) or log
 
 
@@ -97,6 +98,7 @@ class SnapshotStore:
         self._grant_fd: int | None = None  # the ledger, open for appending
         self._grant_seq = 1  # the number of the ledger's next line
         self._grant_lines = 0
+        self._grant_damaged = False  # the journal takes no append: the next change rewrites it whole
 
     def prepare(self) -> None:
         """Create STATE_DIR (0700) if it is missing, then check it is the agent's own: UnsafeStateDir if
@@ -203,14 +205,15 @@ class SnapshotStore:
         the agent is gone. Empty when there is no ledger; StateFileIgnored when it is unusable, a line is unsigned
         or signed otherwise, or lines are missing in between (an edited ledger would let its editor choose whose
         access is removed, and from what). An unfinished last line (the agent killed while writing it) announced
-        a grant that was never made, and is left out."""
+        a grant that was never made: it is left out, and the next change rewrites the ledger whole."""
         raw = self._read(self.GRANTS)
-        self._grant_lines = 0
+        self._grant_lines, self._grant_damaged = 0, False
         if raw is None:
             return set()
         grants: set[tuple[str, str]] = set()
         expected: int | None = None
-        for number, line in enumerate(raw.split(b"\n")[:-1], start=1):
+        *lines, tail = raw.split(b"\n")
+        for number, line in enumerate(lines, start=1):
             where = f"{self.grants_path}, line {number}"
             data = _parse_json(self.grants_path, line)
             if not isinstance(data, dict) or data.get("kind") != GRANT_LEDGER:
@@ -232,35 +235,55 @@ class SnapshotStore:
             else:
                 grants.discard((path, user))
         self._grant_seq = expected or 1
-        self._grant_lines = len(raw.split(b"\n")) - 1
+        self._grant_lines = len(lines)
+        self._grant_damaged = bool(tail)  # appending after a torn line would glue the next one to it
         return grants
 
-    def append_grants(self, op: str, entries: set[tuple[str, str]], *, secret: str) -> None:
-        """Add lines for ``entries`` given ("+") or taken back ("-"). Not synced to the disk: the ledger matters
-        until the machine stops, and ACLs on /dev do not survive a reboot."""
+    def append_grants(self, op: str, entries: Grants, *, current: Grants, secret: str) -> None:
+        """Add lines for ``entries`` given ("+") or taken back ("-"); ``current`` is the whole ledger after the
+        change, written in their place (``rewrite_grants``) when the journal cannot take an append: its last line
+        was torn, or an earlier write failed (a line missing in between would make the whole ledger untrusted).
+        Not synced to the disk: the ledger matters until the machine stops, and ACLs on /dev do not survive a
+        reboot. A failure raises OSError and leaves the next change to rewrite the ledger."""
         if not entries:
             return
-        lines = []
-        for path, user in sorted(entries):
-            record = {"kind": GRANT_LEDGER, "seq": self._grant_seq, "op": op, "path": path, "user": user}
-            lines.append(json.dumps(signing.signed(record, secret), sort_keys=True) + "\n")
-            self._grant_seq += 1
-        if self._grant_fd is None:
-            self._grant_fd = self._open_for_appending(self.GRANTS)
-        os.write(self._grant_fd, "".join(lines).encode())
+        if self._grant_damaged:
+            self.rewrite_grants(current, secret=secret)
+            return
+        lines = [
+            self._grant_line(self._grant_seq + number, op, path, user, secret)
+            for number, (path, user) in enumerate(sorted(entries))
+        ]
+        try:
+            if self._grant_fd is None:
+                self._grant_fd = self._open_for_appending(self.GRANTS)
+            data = "".join(lines).encode()
+            while data:  # a short write is finished, never left half a line
+                data = data[os.write(self._grant_fd, data) :]
+        except OSError:
+            self._grant_damaged = True
+            raise
+        self._grant_seq += len(lines)
         self._grant_lines += len(lines)
 
     def rewrite_grants(self, entries: set[tuple[str, str]], *, secret: str) -> None:
-        """Replace the ledger with one line per entry (atomically: a crash leaves the old ledger or the new)."""
-        self._close_grants()
-        self._grant_seq = 1
-        lines = []
-        for path, user in sorted(entries):
-            record = {"kind": GRANT_LEDGER, "seq": self._grant_seq, "op": "+", "path": path, "user": user}
-            lines.append(json.dumps(signing.signed(record, secret), sort_keys=True) + "\n")
-            self._grant_seq += 1
-        self._write_atomically(self.GRANTS, lambda file: file.writelines(lines), durable=False)
-        self._grant_lines = len(lines)
+        """Replace the ledger with one line per entry (atomically: a failure leaves the old ledger, and the next
+        change rewrites it again)."""
+        lines = [
+            self._grant_line(1 + number, "+", path, user, secret) for number, (path, user) in enumerate(sorted(entries))
+        ]
+        try:
+            self._write_atomically(self.GRANTS, lambda file: file.writelines(lines), durable=False)
+        except OSError:
+            self._grant_damaged = True
+            raise
+        self._close_grants()  # its descriptor names the file just replaced
+        self._grant_seq, self._grant_lines, self._grant_damaged = 1 + len(lines), len(lines), False
+
+    @staticmethod
+    def _grant_line(seq: int, op: str, path: str, user: str, secret: str) -> str:
+        record = {"kind": GRANT_LEDGER, "seq": seq, "op": op, "path": path, "user": user}
+        return json.dumps(signing.signed(record, secret), sort_keys=True) + "\n"
 
     @property
     def grant_lines(self) -> int:

@@ -22,7 +22,7 @@ from celery.worker.consumer import Consumer
 from kombu import Queue
 
 from gpubook_agent.protocol import APPLY_SNAPSHOT_TASK
-from gpubook_agent.stopping import STOP_SIGNALS
+from gpubook_agent.stopping import STOP_SIGNALS, threads_shown_on_sigusr1
 
 # How the agent's consumer uses a Redis broker, chosen so that its broker user needs only PING and BRPOP on
 # the one key node.<name> (nodes/broker_users.py; docs/agent.md, "The broker"). Without ack emulation kombu
@@ -79,7 +79,8 @@ def make_worker(app: Celery, *, node_name: str, loglevel: str) -> Any:
     """The worker that consumes the node's queue in the main thread: one task at a time, no remote control, and
     every stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) a warm stop, after which main.py takes every grant back.
     Celery's own handlers would re-execute the process on SIGHUP and end it at once on a second Ctrl-C or on
-    SIGQUIT, skipping that (stopping.py)."""
+    SIGQUIT, skipping that (stopping.py). SIGUSR1 keeps Celery's meaning (the threads' stacks); a signal nobody
+    handles that ends a process (SIGUSR2, SIGALRM) is a kill like SIGKILL, which ExecStopPost= covers."""
 
     def install_platform_tweaks(self: Any, worker: Any) -> None:
         def warm_stop(signum: int, _frame: Any) -> None:
@@ -89,6 +90,7 @@ def make_worker(app: Celery, *, node_name: str, loglevel: str) -> Any:
 
         for sig in STOP_SIGNALS:
             signal.signal(sig, warm_stop)
+        threads_shown_on_sigusr1()
 
     worker_class = type("AgentWorker", (app.Worker,), {"install_platform_tweaks": install_platform_tweaks})
     return worker_class(

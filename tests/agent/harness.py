@@ -336,9 +336,9 @@ class AgentRun:
 
     # -- the agent process ---------------------------------------------------------------------
 
-    def start(self, *, entry: Sequence[str] = ("-m", "gpubook_agent.main")) -> None:
-        """Start the agent and wait until its worker is ready. ``entry``: what the interpreter runs instead of the
-        agent's module (a test's wrapper around ``gpubook_agent.main.main``)."""
+    def start(self, *, entry: Sequence[str] = ("-m", "gpubook_agent.main"), ready: str = "ready.") -> None:
+        """Start the agent and wait until its log says ``ready`` (its worker is ready). ``entry``: what the
+        interpreter runs instead of the agent's module (a test's wrapper around ``gpubook_agent.main.main``)."""
         self.log = []
         self.process = subprocess.Popen(
             [sys.executable, *entry, "--config", str(self.config_path)],
@@ -349,7 +349,7 @@ class AgentRun:
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONUNBUFFERED": "1"},
         )
         threading.Thread(target=self._read_log, args=(self.process,), daemon=True).start()
-        if wait_for(lambda: any("ready." in line for line in self.log), timeout=20) is None:
+        if wait_for(lambda: any(ready in line for line in self.log), timeout=20) is None:
             raise AssertionError("the agent did not start:\n" + "\n".join(self.log[-40:]))
 
     def run_until_exit(self) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,49 @@ from tests.agent.harness import AgentRun, acl_users, lease, now, wait_for
 # Four cards, the first split in three MIG slices: five bookable units besides the split card itself.
 MIG_LAYOUT = "0:3g.40gb,2g.20gb,2g.20gb"
 
-# The agent with a fault: SIGUSR2 raises an exception wherever its main thread is (the worker's loop).
+# The agent, slow to start and slow to take its grants back: after the start's reconcile, and before revoking, it
+# says so in the log and sleeps, so a test can signal it in either moment.
+SLOW_AGENT = """
+import sys, time
+from gpubook_agent import main as agent
+from gpubook_agent.enforcer import Enforcer
+
+startup, revoke_all = Enforcer.startup, Enforcer.revoke_all
+
+def slow_startup(self):
+    startup(self)
+    print("started slowly", flush=True)
+    time.sleep(30)
+
+def slow_revoke_all(self):
+    print("revoking slowly", flush=True)
+    time.sleep(1)
+    return revoke_all(self)
+
+Enforcer.startup, Enforcer.revoke_all = slow_startup, slow_revoke_all
+sys.exit(agent.main(sys.argv[1:]))
+"""
+
+# The agent with a slow setfacl: each change waits half a second first, said in the log, so a stop can come while
+# grants are on their way in the pool's threads.
+SLOW_SETFACL = """
+import sys, time
+from gpubook_agent import acl, main as agent
+
+change_many = acl.change_many
+
+def slowly(paths, **users):
+    print("setfacl slowly", flush=True)
+    time.sleep(0.5)
+    change_many(paths, **users)
+
+acl.change_many = slowly
+sys.exit(agent.main(sys.argv[1:]))
+"""
+
+# The agent with a fault: SIGUSR2 raises an exception wherever its main thread is (the worker's loop, where
+# Celery's WorkController catches it and stops). An exception main.py catches itself is the configuration error's
+# test below (the worker cannot be made).
 FAULTY_AGENT = """
 import signal, sys
 from gpubook_agent.main import main
@@ -92,13 +134,35 @@ def test_a_clean_stop_with_two_users_leaves_nothing_for_revoke_all(make_agent, p
 
 
 def test_a_second_signal_while_stopping_does_not_cut_the_revocation_short(make_agent, portal, five_users):
+    # A stop during the start, before the worker has handlers of its own, is the case where a second signal could
+    # interrupt the revocation itself (the start's handler raises): the start finds the grants of a killed run.
     agent = make_agent(gpus=4, simulated_mig=MIG_LAYOUT)
     hold_every_unit(agent, portal, five_users)
+    agent.kill()
+    agent.start(entry=("-c", SLOW_AGENT), ready="started slowly")
 
-    for sig in (signal.SIGINT, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):  # an impatient admin
+    agent.process.send_signal(signal.SIGTERM)
+    assert wait_for(lambda: any("revoking slowly" in line for line in agent.log), timeout=15)
+    # An impatient admin. Each a different signal: the kernel keeps one of a kind pending, so a repeat sent before
+    # the first is handled would be one signal.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP):
         agent.process.send_signal(sig)
     assert agent.process.wait(timeout=30) == 0
+
     assert granted(agent) == {}
+    assert sum("received while stopping" in line for line in agent.log) == 4
+
+
+def test_sigusr1_shows_the_threads_and_stops_nothing(make_agent, portal, unix_users):
+    alice = unix_users[0]
+    agent = make_agent()
+    agent.send(agent.snapshot([lease(1, alice.name, [agent.uuid(0)], now(), now() + timedelta(hours=1))]))
+    assert wait_for(lambda: alice.name in acl_users(agent.device(0)), timeout=10)
+
+    agent.process.send_signal(signal.SIGUSR1)  # Celery's "cry": its default action would end the process
+
+    assert wait_for(lambda: any("agent-enforcer" in line for line in agent.log), timeout=10)
+    assert agent.process.poll() is None and acl_users(agent.device(0)) == {alice.name}
 
 
 def test_an_exception_escaping_the_worker_takes_every_grant_back(make_agent, portal, five_users):
@@ -195,3 +259,34 @@ def test_revoke_all_does_not_believe_an_edited_ledger(make_agent, portal, unix_u
     assert result.returncode == 1
     assert "not trusted" in result.stderr and "nothing was revoked" in result.stderr
     assert acl_users(agent.device(1)) == {bob.name}  # the edit chose whose access goes: not believed
+
+
+def test_revoke_all_works_with_a_config_an_edit_broke_since_the_start(make_agent, portal, unix_users):
+    alice = unix_users[0]
+    agent = make_agent()
+    agent.send(agent.snapshot([lease(1, alice.name, [agent.uuid(0)], now(), now() + timedelta(hours=1))]))
+    assert wait_for(lambda: alice.name in acl_users(agent.device(0)), timeout=10)
+    agent.kill()
+    broken = agent.config_path.read_text().replace("NODE_NAME=", "NODE NAME ").replace("ALLOW_INSECURE_PORTAL", "X")
+    agent.config_path.write_text(broken + "a line that is no setting\nUNKNOWN_SETTING=1\n")
+    assert agent.run_until_exit().returncode == 2  # the agent itself refuses it
+
+    result = agent.revoke_all()  # needs STATE_DIR and LEASE_SECRET, nothing else
+
+    assert result.returncode == 0, result.stderr
+    assert acl_users(agent.device(0)) == set()
+
+
+def test_a_stop_while_grants_are_on_their_way_waits_for_them_and_takes_them_back(make_agent, portal, five_users):
+    agent = make_agent(gpus=4, simulated_mig=MIG_LAYOUT)
+    hold_every_unit(agent, portal, five_users)
+    agent.kill()
+    assert agent.revoke_all().returncode == 0  # closed; the start will grant all five again, slowly
+
+    agent.start(entry=("-c", SLOW_SETFACL), ready="setfacl slowly")
+    agent.process.send_signal(signal.SIGTERM)  # the start's pass is waiting for its pool's setfacls
+
+    assert agent.process.wait(timeout=30) == 0
+    assert granted(agent) == {}
+    result = agent.revoke_all()
+    assert (result.returncode, result.stdout.strip()) == (0, "gpubook-agent revoke-all: nothing to revoke")

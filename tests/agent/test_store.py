@@ -384,47 +384,102 @@ def test_a_revocation_log_signed_by_hand_with_the_secret_is_believed(tmp_path):
 # -- the grant ledger ---------------------------------------------------------------------------------------
 
 
-def test_the_grant_ledger_replays_its_journal_across_processes(tmp_path):
-    writer = SnapshotStore(tmp_path)
-    writer.append_grants("+", {("/dev/nvidia0", "alice"), ("/dev/nvidia1", "bob")}, secret=SECRET)
-    writer.append_grants("-", {("/dev/nvidia0", "alice")}, secret=SECRET)
-    writer.append_grants("+", {("/dev/nvidia-caps/nvidia-cap21", "carol")}, secret=SECRET)
+class Journal:
+    """The enforcer's side of the ledger: the entries it holds, each change appended with the whole ledger after it."""
 
-    reader = SnapshotStore(tmp_path)  # revoke-all, after the agent is gone
-    assert reader.load_grants(secret=SECRET) == {
-        ("/dev/nvidia1", "bob"),
-        ("/dev/nvidia-caps/nvidia-cap21", "carol"),
-    }
-    assert mode(reader.grants_path) == 0o600
-    reader.append_grants("-", {("/dev/nvidia1", "bob")}, secret=SECRET)  # continues the numbering
+    def __init__(self, store: SnapshotStore) -> None:
+        self.store, self.entries = store, store.load_grants(secret=SECRET)
+
+    def add(self, *entries: tuple[str, str]) -> None:
+        self.entries |= set(entries)
+        self.store.append_grants("+", set(entries), current=set(self.entries), secret=SECRET)
+
+    def remove(self, *entries: tuple[str, str]) -> None:
+        self.entries -= set(entries)
+        self.store.append_grants("-", set(entries), current=set(self.entries), secret=SECRET)
+
+
+def test_the_grant_ledger_replays_its_journal_across_processes(tmp_path):
+    writer = Journal(SnapshotStore(tmp_path))
+    writer.add(("/dev/nvidia0", "alice"), ("/dev/nvidia1", "bob"))
+    writer.remove(("/dev/nvidia0", "alice"))
+    writer.add(("/dev/nvidia-caps/nvidia-cap21", "carol"))
+
+    reader = Journal(SnapshotStore(tmp_path))  # revoke-all, after the agent is gone
+    assert reader.entries == {("/dev/nvidia1", "bob"), ("/dev/nvidia-caps/nvidia-cap21", "carol")}
+    assert mode(reader.store.grants_path) == 0o600
+    reader.remove(("/dev/nvidia1", "bob"))  # continues the numbering
     assert SnapshotStore(tmp_path).load_grants(secret=SECRET) == {("/dev/nvidia-caps/nvidia-cap21", "carol")}
 
 
 def test_a_rewritten_grant_ledger_is_short_and_says_the_same(tmp_path):
-    store = SnapshotStore(tmp_path)
+    journal = Journal(SnapshotStore(tmp_path))
     for _ in range(50):
-        store.append_grants("+", {("/dev/nvidia0", "alice")}, secret=SECRET)
-        store.append_grants("-", {("/dev/nvidia0", "alice")}, secret=SECRET)
-    store.append_grants("+", {("/dev/nvidia2", "bob")}, secret=SECRET)
+        journal.add(("/dev/nvidia0", "alice"))
+        journal.remove(("/dev/nvidia0", "alice"))
+    journal.add(("/dev/nvidia2", "bob"))
 
-    store.rewrite_grants({("/dev/nvidia2", "bob")}, secret=SECRET)
-    store.append_grants("+", {("/dev/nvidia3", "carol")}, secret=SECRET)  # appends to the new file, not the old
+    journal.store.rewrite_grants({("/dev/nvidia2", "bob")}, secret=SECRET)
+    journal.add(("/dev/nvidia3", "carol"))  # appends to the new file, not the old
 
-    assert store.grants_path.read_text().count("\n") == 2
-    assert SnapshotStore(tmp_path).load_grants(secret=SECRET) == {
-        ("/dev/nvidia2", "bob"),
-        ("/dev/nvidia3", "carol"),
-    }
-    assert leftovers(store) == [SnapshotStore.GRANTS]
+    assert journal.store.grants_path.read_text().count("\n") == 2
+    assert SnapshotStore(tmp_path).load_grants(secret=SECRET) == {("/dev/nvidia2", "bob"), ("/dev/nvidia3", "carol")}
+    assert leftovers(journal.store) == [SnapshotStore.GRANTS]
 
 
-def test_an_unfinished_last_line_of_the_ledger_is_a_grant_never_made(tmp_path):
-    store = SnapshotStore(tmp_path)
-    store.append_grants("+", {("/dev/nvidia0", "alice")}, secret=SECRET)
-    with open(store.grants_path, "a") as ledger:
+def test_an_unfinished_last_line_is_a_grant_never_made_and_the_next_change_rewrites_the_ledger(tmp_path):
+    journal = Journal(SnapshotStore(tmp_path))
+    journal.add(("/dev/nvidia0", "alice"))
+    with open(journal.store.grants_path, "a") as ledger:
         ledger.write('{"kind": "grant-ledger", "op": "+", "path": "/dev/nvi')  # killed while writing
 
-    assert SnapshotStore(tmp_path).load_grants(secret=SECRET) == {("/dev/nvidia0", "alice")}
+    again = Journal(SnapshotStore(tmp_path))  # the next start
+    assert again.entries == {("/dev/nvidia0", "alice")}
+    again.add(("/dev/nvidia1", "bob"))  # not glued to the torn line
+    assert SnapshotStore(tmp_path).load_grants(secret=SECRET) == {("/dev/nvidia0", "alice"), ("/dev/nvidia1", "bob")}
+
+
+def test_after_a_failed_write_the_next_change_rewrites_the_ledger_rather_than_leave_a_gap(tmp_path, monkeypatch):
+    journal = Journal(SnapshotStore(tmp_path))
+    journal.add(("/dev/nvidia0", "alice"))
+    real_write = os.write
+
+    def disk_full(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_module.os, "write", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        journal.add(("/dev/nvidia1", "bob"))  # the grant is made all the same; its line is not written
+    monkeypatch.setattr(store_module.os, "write", real_write)
+    journal.add(("/dev/nvidia2", "carol"))
+
+    assert SnapshotStore(tmp_path).load_grants(secret=SECRET) == {
+        ("/dev/nvidia0", "alice"),
+        ("/dev/nvidia1", "bob"),
+        ("/dev/nvidia2", "carol"),
+    }
+
+
+def test_a_rewrite_that_fails_keeps_the_old_ledger_and_the_next_change_rewrites_again(tmp_path, monkeypatch):
+    journal = Journal(SnapshotStore(tmp_path))
+    journal.add(("/dev/nvidia0", "alice"), ("/dev/nvidia1", "bob"))
+
+    def interrupted(source, target, **dir_fds):
+        raise OSError(5, "Input/output error")
+
+    real_replace = os.replace
+    monkeypatch.setattr(store_module.os, "replace", interrupted)
+    with pytest.raises(OSError):
+        journal.store.rewrite_grants({("/dev/nvidia1", "bob")}, secret=SECRET)
+    monkeypatch.setattr(store_module.os, "replace", real_replace)
+    assert SnapshotStore(tmp_path).load_grants(secret=SECRET) == {("/dev/nvidia0", "alice"), ("/dev/nvidia1", "bob")}
+
+    journal.remove(("/dev/nvidia0", "alice"))
+    assert SnapshotStore(tmp_path).load_grants(secret=SECRET) == {("/dev/nvidia1", "bob")}
+    assert leftovers(journal.store) == [SnapshotStore.GRANTS]
+
+
+UNSIGNED_LINE = {"kind": "grant-ledger", "seq": 1, "op": "+", "path": "/etc/shadow", "user": "alice"}
 
 
 @pytest.mark.parametrize(
@@ -433,7 +488,7 @@ def test_an_unfinished_last_line_of_the_ledger_is_a_grant_never_made(tmp_path):
         (lambda lines: lines[:1] + lines[2:], "line 2 is missing"),  # a line taken out: a grant hidden
         (lambda lines: [lines[0].replace("alice", "mallory"), *lines[1:]], "bad or missing signature"),
         (
-            lambda lines: [json.dumps({"kind": "grant-ledger", "seq": 1, "op": "+", "path": "/etc/x", "user": "a"})],
+            lambda lines: [json.dumps({"kind": "grant-ledger", "seq": 1, "op": "+", "path": "/x", "user": "a"})],
             "signature",
         ),
         (lambda lines: ["not json", *lines], "not valid JSON"),
@@ -441,12 +496,12 @@ def test_an_unfinished_last_line_of_the_ledger_is_a_grant_never_made(tmp_path):
     ids=["line-removed", "name-changed", "unsigned", "not-json"],
 )
 def test_an_edited_grant_ledger_is_not_believed(tmp_path, edit, reason):
-    store = SnapshotStore(tmp_path)
-    store.append_grants("+", {("/dev/nvidia0", "alice")}, secret=SECRET)
-    store.append_grants("+", {("/dev/nvidia1", "bob")}, secret=SECRET)
-    store.append_grants("+", {("/dev/nvidia2", "carol")}, secret=SECRET)
-    lines = store.grants_path.read_text().splitlines()
-    store.grants_path.write_text("".join(line + "\n" for line in edit(lines)))
+    journal = Journal(SnapshotStore(tmp_path))
+    journal.add(("/dev/nvidia0", "alice"))
+    journal.add(("/dev/nvidia1", "bob"))
+    journal.add(("/dev/nvidia2", "carol"))
+    lines = journal.store.grants_path.read_text().splitlines()
+    journal.store.grants_path.write_text("".join(line + "\n" for line in edit(lines)))
 
     with pytest.raises(StateFileIgnored, match=reason):
         SnapshotStore(tmp_path).load_grants(secret=SECRET)
@@ -460,5 +515,5 @@ def test_the_ledger_is_never_appended_through_a_link(tmp_path):
     (state / SnapshotStore.GRANTS).symlink_to(target)
 
     with pytest.raises(OSError):
-        SnapshotStore(state).append_grants("+", {("/dev/nvidia0", "alice")}, secret=SECRET)
+        SnapshotStore(state).append_grants("+", {("/dev/nvidia0", "alice")}, current=set(), secret=SECRET)
     assert target.read_text() == ""

@@ -136,8 +136,38 @@ def test_a_holder_that_opened_the_gpu_through_a_bind_mount_is_ended_at_the_slots
     assert wait_for(lambda: holder.poll() is not None, timeout=20)
     assert now() - end >= timedelta(seconds=1)  # not before the grace period is over
     assert holder.returncode == -15
+    assert wait_for(lambda: portal.events("leftover"), timeout=5)  # the reporter sends events as they come
     (leftover,) = portal.events("leftover")
     assert (leftover["gpu"], leftover["user"], leftover["pids"]) == (agent.uuid(0), alice.name, [holder.pid])
     assert wait_for(lambda: portal.events("ended"), timeout=5)
     assert not portal.events("violation")  # a leftover of a revoked holder, not use without a booking
     assert acl_users(agent.device(1)) == {bob.name}  # bob's card is untouched
+
+
+def test_a_slices_holder_on_its_cards_device_file_alone_keeps_the_slice_drained_until_it_is_gone(
+    make_agent, portal, unix_users, started
+):
+    alice = unix_users[0]
+    agent = make_agent(grace_seconds=1, simulated_mig="0:3g.40gb,2g.20gb,2g.20gb")
+    assert wait_for(lambda: portal.received["heartbeat"], timeout=10)
+    (card,) = portal.received["heartbeat"][0]["mig"]
+    piece = card["slices"][0]["uuid"]
+    agent.send(agent.snapshot([lease(1, alice.name, [piece], now(), now() + timedelta(seconds=2))]))
+    assert wait_for(lambda: alice.name in acl_users(agent.device(0)), timeout=10)
+    holder = start_ready(  # the card's device file only, which every slice of the card shares
+        [sys.executable, "-I", "-c", SETUID_HOLDER, str(alice.uid), str(alice.gid), agent.device(0)],
+        started,
+        cwd="/",
+        env=CHILD_ENV,
+    )
+
+    assert wait_for(lambda: portal.events("unkillable"), timeout=20)
+    assert portal.events("unkillable")[0]["gpu"] == piece
+    heartbeats = len(portal.received["heartbeat"])
+    assert wait_for(lambda: len(portal.received["heartbeat"]) >= heartbeats + 3, timeout=15)
+    assert not portal.events("drain_cleared")  # still held: still drained
+    assert piece in portal.received["heartbeat"][-1]["drained"]
+
+    holder.kill()
+    holder.wait(timeout=10)
+    assert wait_for(lambda: portal.events("drain_cleared"), timeout=10)
