@@ -141,9 +141,9 @@ def read_config_file(path: str | Path, *, lenient: bool = False) -> dict[str, st
             continue
         key, sep, value = line.partition("=")
         key, value = key.strip(), value.strip()
-        if (not sep or not key) and lenient:
-            continue
         if not sep or not key:
+            if lenient:
+                continue
             raise ConfigError(f"{path}, line {number}: expected KEY=value")
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
             value = value[1:-1]

@@ -324,7 +324,7 @@ class Enforcer:
         """After a pass: the ledger keeps the entries that are on the files now and that the agent made or wants
         there; what was taken back (or never made, a grant that failed) leaves it. Now and then the checker
         rewrites it whole, so that it stays short."""
-        present = {(path, user) for path, users in self._files.items() for user in users}
+        present = self._entries_on_files()
         wanted = {(path, user) for path, users in wanted_files.items() for user in users}
         ledger = (self._ledger | (present & wanted)) & (present | self._unread_ledger())
         gone, adopted = self._ledger - ledger, ledger - self._ledger
@@ -340,6 +340,10 @@ class Enforcer:
     def _compact_ledger(self) -> None:
         # The ledger as it is once the lock is held: an append waiting for the lock then follows the rewrite.
         self._ledger_write(lambda: self.store.rewrite_grants(self._ledger, secret=self.config.lease_secret))
+
+    def _entries_on_files(self) -> set[tuple[str, str]]:
+        """Every (file, user) entry on the files the agent keeps, as it last read or set them."""
+        return {(path, user) for path, users in self._files.items() for user in users}
 
     def _unread_ledger(self) -> set[tuple[str, str]]:
         """Ledger entries on files the agent does not keep now (a capability file gone from the layout): kept until
@@ -687,9 +691,8 @@ class Enforcer:
                 except acl.AclError as error:
                     self._report_once("revoke_failed", self.access.owner(path) or path, user, str(error))
             self._read_files()
-            present = {(path, user) for path, users in self._files.items() for user in users}
             self._ledger_settle({})
-            remaining = sorted(present | self._unread_ledger())
+            remaining = sorted(self._entries_on_files() | self._unread_ledger())
             if not remaining:
                 break
         self._persist_revocations(self.clock())

@@ -168,11 +168,7 @@ class SnapshotStore:
         data = _parse_json(self.revocations_path, raw)
         if not isinstance(data, dict) or data.get("kind") != REVOCATION_LOG:
             raise StateFileIgnored(f"{self.revocations_path}: not a revocation log")
-        try:
-            trusted = signing.verify(data, secret)
-        except (TypeError, ValueError):  # a signature that is not text hmac can compare
-            trusted = False
-        if not trusted:
+        if not _signed_by(data, secret):
             raise StateFileIgnored(f"{self.revocations_path}: bad or missing signature")
         rows = data.get("revocations")
         if not isinstance(rows, list):
@@ -200,7 +196,7 @@ class SnapshotStore:
     # microseconds where rewriting a file costs a few hundred, and it sits on the path of every slot's start. The
     # agent rewrites it whole (``rewrite_grants``) now and then, off that path, so it stays short.
 
-    def load_grants(self, *, secret: str) -> set[tuple[str, str]]:
+    def load_grants(self, *, secret: str) -> Grants:
         """The ACL entries the agent made and has not taken back, (file, user): what ``revoke-all`` removes once
         the agent is gone. Empty when there is no ledger; StateFileIgnored when it is unusable, a line is unsigned
         or signed otherwise, or lines are missing in between (an edited ledger would let its editor choose whose
@@ -210,7 +206,7 @@ class SnapshotStore:
         self._grant_lines, self._grant_damaged = 0, False
         if raw is None:
             return set()
-        grants: set[tuple[str, str]] = set()
+        grants: Grants = set()
         expected: int | None = None
         *lines, tail = raw.split(b"\n")
         for number, line in enumerate(lines, start=1):
@@ -218,11 +214,7 @@ class SnapshotStore:
             data = _parse_json(self.grants_path, line)
             if not isinstance(data, dict) or data.get("kind") != GRANT_LEDGER:
                 raise StateFileIgnored(f"{where}: not a grant ledger's")
-            try:
-                trusted = signing.verify(data, secret)
-            except (TypeError, ValueError):
-                trusted = False
-            if not trusted:
+            if not _signed_by(data, secret):
                 raise StateFileIgnored(f"{where}: bad or missing signature")
             seq, op, path, user = (data.get(key) for key in ("seq", "op", "path", "user"))
             if not (isinstance(seq, int) and op in ("+", "-") and isinstance(path, str) and isinstance(user, str)):
@@ -250,10 +242,7 @@ class SnapshotStore:
         if self._grant_damaged:
             self.rewrite_grants(current, secret=secret)
             return
-        lines = [
-            self._grant_line(self._grant_seq + number, op, path, user, secret)
-            for number, (path, user) in enumerate(sorted(entries))
-        ]
+        lines = _grant_lines(self._grant_seq, op, entries, secret)
         try:
             if self._grant_fd is None:
                 self._grant_fd = self._open_for_appending(self.GRANTS)
@@ -266,12 +255,10 @@ class SnapshotStore:
         self._grant_seq += len(lines)
         self._grant_lines += len(lines)
 
-    def rewrite_grants(self, entries: set[tuple[str, str]], *, secret: str) -> None:
+    def rewrite_grants(self, entries: Grants, *, secret: str) -> None:
         """Replace the ledger with one line per entry (atomically: a failure leaves the old ledger, and the next
         change rewrites it again)."""
-        lines = [
-            self._grant_line(1 + number, "+", path, user, secret) for number, (path, user) in enumerate(sorted(entries))
-        ]
+        lines = _grant_lines(1, "+", entries, secret)
         try:
             self._write_atomically(self.GRANTS, lambda file: file.writelines(lines), durable=False)
         except OSError:
@@ -279,11 +266,6 @@ class SnapshotStore:
             raise
         self._close_grants()  # its descriptor names the file just replaced
         self._grant_seq, self._grant_lines, self._grant_damaged = 1 + len(lines), len(lines), False
-
-    @staticmethod
-    def _grant_line(seq: int, op: str, path: str, user: str, secret: str) -> str:
-        record = {"kind": GRANT_LEDGER, "seq": seq, "op": op, "path": path, "user": user}
-        return json.dumps(signing.signed(record, secret), sort_keys=True) + "\n"
 
     @property
     def grant_lines(self) -> int:
@@ -299,10 +281,10 @@ class SnapshotStore:
             fd = os.open(name, flags, 0o600, dir_fd=directory)
         finally:
             os.close(directory)
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        problem = _not_the_agents_own(self.directory / name, os.fstat(fd))
+        if problem:
             os.close(fd)
-            raise OSError(errno.EPERM, f"{self.directory / name} is not a regular file of the agent's own")
+            raise OSError(errno.EPERM, problem)
         return fd
 
     def _close_grants(self) -> None:
@@ -345,15 +327,10 @@ class SnapshotStore:
             raise StateFileIgnored(f"{path}: {error.strerror}") from error
         finally:
             os.close(directory)
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        problem = _not_the_agents_own(path, os.fstat(fd))
+        if problem:
             os.close(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise StateFileIgnored(f"{path} is not a regular file")
-            if info.st_uid != os.geteuid():
-                raise StateFileIgnored(f"{path} belongs to {_account(info.st_uid)}, not to the agent")
-            # The agent writes 0600; a file others may write is one nobody can vouch for.
-            raise StateFileIgnored(f"{path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o})")
+            raise StateFileIgnored(problem)
         with os.fdopen(fd, "rb") as file:
             try:
                 raw = file.read(MAX_STATE_FILE_BYTES + 1)
@@ -394,6 +371,34 @@ class SnapshotStore:
     @staticmethod
     def _temporary_name(name: str) -> str:
         return f".{Path(name).stem}-{secrets.token_hex(8)}.tmp"
+
+
+def _grant_lines(first: int, op: str, entries: Grants, secret: str) -> list[str]:
+    """The ledger's signed lines for ``entries``, numbered from ``first`` in a stable order."""
+    lines = []
+    for seq, (path, user) in enumerate(sorted(entries), start=first):
+        record = {"kind": GRANT_LEDGER, "seq": seq, "op": op, "path": path, "user": user}
+        lines.append(json.dumps(signing.signed(record, secret), sort_keys=True) + "\n")
+    return lines
+
+
+def _signed_by(data: dict[str, Any], secret: str) -> bool:
+    try:
+        return signing.verify(data, secret)
+    except (TypeError, ValueError):  # a signature that is not text hmac can compare
+        return False
+
+
+def _not_the_agents_own(path: str | Path, info: os.stat_result) -> str | None:
+    """Why a state file the agent opened is not one it can vouch for: not a regular file, someone else's, or
+    writable by others (the agent writes 0600); None when it is its own."""
+    if not stat.S_ISREG(info.st_mode):
+        return f"{path} is not a regular file"
+    if info.st_uid != os.geteuid():
+        return f"{path} belongs to {_account(info.st_uid)}, not to the agent"
+    if info.st_mode & 0o022:
+        return f"{path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
 
 
 def _parse_json(path: Path, raw: bytes) -> Any:
