@@ -244,22 +244,6 @@ def receiving_listeners(listeners: list[TcpSocket]) -> tuple[list[TcpSocket], bo
     return [item for item in listeners if item.address in IPV6_WILDCARD], False
 
 
-def held_socket_inodes(pids: Iterable[int], *, proc: str = procfs.PROC) -> set[int]:
-    """The inodes of the sockets these processes hold open (``/proc/<pid>/fd/* -> socket:[inode]``)."""
-    inodes: set[int] = set()
-    for pid in pids:
-        try:
-            names = os.listdir(f"{proc}/{pid}/fd")
-        except OSError:
-            continue
-        for name in names:
-            with contextlib.suppress(OSError, ValueError):
-                target = os.readlink(f"{proc}/{pid}/fd/{name}")
-                if target.startswith("socket:["):
-                    inodes.add(int(target[8:-1]))
-    return inodes
-
-
 @dataclass(frozen=True)
 class PortVerdict:
     """What ``port_verdict`` found: ``ours`` (show the port), ``waiting`` (nothing listens yet) or ``foreign``."""
@@ -277,7 +261,7 @@ def port_verdict(port: int, *, uid: int, pids: Iterable[int], proc: str = procfs
     receivers, certain = receiving_listeners(loopback_listeners(port, proc=proc))
     if not receivers:
         return PortVerdict("waiting", "waiting for it to listen on its port")
-    held = held_socket_inodes(pids, proc=proc)
+    held = procfs.held_socket_inodes(pids, proc=proc)
     for listener in receivers:
         problem = None
         if listener.uid != uid:
@@ -300,22 +284,3 @@ def port_taken_by_other(port: int, *, uid: int, proc: str = procfs.PROC) -> str 
         if item.port == port and item.uid != uid and item.address in REACHES_LOOPBACK and item.inode:
             return f"port {port} was taken by another account ({procfs.user_label(item.uid)}) first"
     return None
-
-
-def cgroup_members(unit: str, *, proc: str = procfs.PROC) -> list[int]:
-    """The processes in the systemd unit ``unit``'s cgroup (or one below it, as podman makes with Delegate=yes),
-    read from ``/proc/<pid>/cgroup``. Only root and systemd can move a process into a system unit's cgroup."""
-    marker = f"/{unit}"
-    members = []
-    for pid in procfs.pids(proc=proc):
-        try:
-            with open(f"{proc}/{pid}/cgroup", encoding="utf-8", errors="replace") as file:
-                lines = file.read().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            path = line.split(":", 2)[-1]
-            if path.endswith(marker) or f"{marker}/" in path:
-                members.append(pid)
-                break
-    return members

@@ -36,7 +36,6 @@ from typing import IO, Any
 
 from gpubook_agent import cleanup, procfs
 from gpubook_agent.accounts import AccountCheck
-from gpubook_agent.endpoints import cgroup_members
 from gpubook_agent.protocol import MAX_ARG_CHARS, argv_problem
 from gpubook_agent.usernames import valid_username
 
@@ -242,7 +241,7 @@ class Supervisor:
             return []
         members = set(family(launch.pid)) if launch.process.poll() is None else set()
         if self.units:
-            members |= set(cgroup_members(f"{name}.service"))
+            members |= set(procfs.cgroup_members(f"{name}.service"))
         return sorted(members)
 
     def clear_old_files(self) -> int:

@@ -96,6 +96,7 @@ class Entry:
     exit_code: int | None = None
     port: int | None = None
     token: str = ""
+    uid: int = -1  # its user's, as the start looked them up (-1 before): whose sockets and processes are its own
     socket: str = ""  # its Unix socket's path ({socket}), in a directory of the user's made for it
     shown: bool = False  # its socket, port and token go into heartbeats: it was seen to serve there (issue 36)
     stopping: bool = False
@@ -265,6 +266,7 @@ class Launches:
                 return
             try:
                 account = self.supervisor.account(entry.user)  # refused here, before anything runs as them
+                entry.uid = account.pw_uid
                 argv = self._argv(entry, files, account)
                 if entry.is_container:
                     self._ensure_image(entry.user, entry.order.image, lambda message: self._note(entry, message))
@@ -313,7 +315,7 @@ class Launches:
         """A running launch that serves: its socket, port and token are shown once it is seen serving there, and
         withdrawn while it is not. Another account's listener on its port refuses it: it is stopped, and its holder
         never sees that port. Each pass, not once: a port's listener can change hands while the launch runs."""
-        problem = endpoints.socket_problem(entry.socket, uid=self._uid(entry)) if entry.socket else None
+        problem = endpoints.socket_problem(entry.socket, uid=entry.uid) if entry.socket else None
         verdict = self._port_verdict(entry) if entry.port and problem is None else endpoints.PortVerdict("ours")
         if verdict.kind == "foreign":
             entry.stopping, entry.shown = True, False
@@ -327,7 +329,7 @@ class Launches:
 
     def _port_verdict(self, entry: Entry) -> endpoints.PortVerdict:
         assert entry.port is not None
-        uid = self._uid(entry)
+        uid = entry.uid
         pids = set(self.supervisor.processes(entry.name))
         if entry.is_container:  # podman's monitor left the command's family when it started
             pids |= {pid for monitor in conmon_pids(uid, entry.name) for pid in family(monitor)}
@@ -347,13 +349,8 @@ class Launches:
         """For a launch that exited before it was seen to listen on its port: another account's socket there."""
         if entry.shown or not entry.port:
             return ""
-        taken = endpoints.port_taken_by_other(entry.port, uid=self._uid(entry))
+        taken = endpoints.port_taken_by_other(entry.port, uid=entry.uid)
         return f"; {taken}: its port and token were not shown" if taken else ""
-
-    @staticmethod
-    def _uid(entry: Entry) -> int:
-        uid = procfs.uid_of(entry.user)
-        return -1 if uid is None else uid  # an account gone since: nothing is its
 
     @staticmethod
     def _stop_asked(entry: Entry) -> bool:

@@ -8,6 +8,7 @@ below return ``None`` for a process that is gone.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import pwd
@@ -153,6 +154,41 @@ def marked_processes(key: str, *, proc: str = PROC) -> Iterator[tuple[int, str]]
             if variable.startswith(prefix):
                 yield name, variable[len(prefix) :].decode("ascii", "replace")
                 break
+
+
+def held_socket_inodes(pids: Iterable[int], *, proc: str = PROC) -> set[int]:
+    """The inodes of the sockets these processes hold open (``/proc/<pid>/fd/* -> socket:[inode]``)."""
+    inodes: set[int] = set()
+    for pid in pids:
+        try:
+            names = os.listdir(f"{proc}/{pid}/fd")
+        except OSError:
+            continue
+        for name in names:
+            with contextlib.suppress(OSError, ValueError):
+                target = os.readlink(f"{proc}/{pid}/fd/{name}")
+                if target.startswith("socket:["):
+                    inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def cgroup_members(unit: str, *, proc: str = PROC) -> list[int]:
+    """The processes in the systemd unit ``unit``'s cgroup (or one below it, as podman makes with Delegate=yes),
+    read from ``/proc/<pid>/cgroup``. Only root and systemd can move a process into a system unit's cgroup."""
+    marker = f"/{unit}"
+    members = []
+    for pid in pids(proc=proc):
+        try:
+            with open(f"{proc}/{pid}/cgroup", encoding="utf-8", errors="replace") as file:
+                lines = file.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            path = line.split(":", 2)[-1]
+            if path.endswith(marker) or f"{marker}/" in path:
+                members.append(pid)
+                break
+    return members
 
 
 def process_status(pid: int, *, proc: str = PROC) -> dict[str, str] | None:

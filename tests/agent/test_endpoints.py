@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubook_agent import endpoints
+from gpubook_agent import endpoints, procfs
 from gpubook_agent.config import ConfigError, config_from_values
 from gpubook_agent.endpoints import UnsafeSocketDir
 from tests.agent.conftest import _need_root, run_as, start_ready
@@ -228,7 +228,7 @@ def test_a_units_processes_are_those_in_its_cgroup_or_below(tmp_path):
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "cgroup").write_text(text)
 
-    assert sorted(endpoints.cgroup_members("gpubook-7-1.service", proc=str(tmp_path))) == [11, 12, 13]
+    assert sorted(procfs.cgroup_members("gpubook-7-1.service", proc=str(tmp_path))) == [11, 12, 13]
 
 
 def test_launch_socket_dir_is_checked_when_the_config_is_loaded_and_stand_in_nodes_get_one_each():
