@@ -42,7 +42,7 @@ def _shown(launch: Launch, *, is_holder: bool) -> dict[str, Any]:
         "stoppable": launch.is_open and launch.stop_requested_at is None,
         "tunnel": tunnel,
         "url": local_url(launch),
-        "local_port": LOCAL_PORT if launch.socket else launch.port,
+        "local_port": _local_port(launch),
         "token": launch.token if is_holder else "",  # the notebook's key: its holder's alone, not even admins'
     }
 
@@ -56,12 +56,17 @@ def tunnel_command(launch: Launch) -> str:
     reservation = launch.reservation
     user = reservation.user.unix_username or "<unix username>"
     target = launch.socket if launch.socket else f"127.0.0.1:{launch.port}"
-    local = LOCAL_PORT if launch.socket else launch.port
-    return f"ssh -N -L {local}:{target} {user}@{reservation.node.hostname}"
+    return f"ssh -N -L {_local_port(launch)}:{target} {user}@{reservation.node.hostname}"
 
 
 def local_url(launch: Launch) -> str:
     """Where the holder browses once the tunnel runs; "" without one."""
     if not tunnel_command(launch):
         return ""
-    return f"http://127.0.0.1:{LOCAL_PORT if launch.socket else launch.port}/"
+    return f"http://127.0.0.1:{_local_port(launch)}/"
+
+
+def _local_port(launch: Launch) -> int | None:
+    """The port on the holder's computer the tunnel listens on: LOCAL_PORT for a socket, the node's port for a port
+    (the same number both ends, as before sockets)."""
+    return LOCAL_PORT if launch.socket else launch.port
