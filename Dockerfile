@@ -30,14 +30,16 @@ print('\n'.join(d for d in deps if re.match(r'[A-Za-z0-9._-]+', d).group() != 'g
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
-# The code: the agent's distribution first (the gpubook-agent script), then the portal's (gpubook).
+# The code: the agent's distribution first (the gpubook-agent script), then the portal's (gpubook). collectstatic
+# signs nothing, but settings refuse a guessable SECRET_KEY: a throwaway one, never kept in the image.
 # PYTHONPATH=/app makes the source tree the copy of the portal that is imported: templates/ and static/
 # live beside it, not in the wheel.
 COPY . .
 RUN pip install --no-deps ./agent \
     && pip install --no-deps . \
     && rm -rf build *.egg-info agent/build agent/*.egg-info \
-    && SECRET_KEY=collectstatic-at-build-time-only python manage.py collectstatic --noinput -v0 \
+    && SECRET_KEY="$(python -c 'import secrets; print(secrets.token_urlsafe(50))')" \
+        python manage.py collectstatic --noinput -v0 \
     && mkdir -p var/agents \
     && chown -R portal:portal var
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from kernel.deployment import placeholder_names, placeholder_refusal
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -20,7 +22,11 @@ _FALSE = {"0", "false", "no", "off", ""}
 def envstr(name: str, default: str = "") -> str:
     file_path = os.environ.get(f"{name}_FILE")
     if file_path:
-        return Path(file_path).read_text().strip()
+        value = Path(file_path).read_text().strip()
+        # The environment itself is looked at once, by settings; a secret's file only here.
+        if placeholder_names({f"{name}_FILE": value}):
+            raise ImproperlyConfigured(placeholder_refusal([f"{name}_FILE ({file_path})"]))
+        return value
     return os.environ.get(name, default)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
@@ -29,24 +28,6 @@ def check_broker_user_settings(app_configs: Any = None, **kwargs: Any) -> list[C
     if not problem:
         return []
     return [Error(f"{problem}.", hint="docs/agent.md, 'The broker'.", id="nodes.E001")]
-
-
-@register()
-def check_broker_password_is_not_the_example(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """deploy/portal.env.example's placeholder is public: with it, Redis' password (the only thing between a
-    node and every queue) is known to all, and Compose cannot tell it from a real one."""
-    for name in ("REDIS_URL", "CELERY_BROKER_URL", "NODE_BROKER_URL"):
-        password = urlsplit(getattr(settings, name, "") or "").password or ""
-        if password.startswith("replace-with-"):
-            return [
-                Error(
-                    f"{name} still carries the example's Redis password ({password}).",
-                    hint="Generate one (python3 -c 'import secrets; print(secrets.token_urlsafe(24))') and set it "
-                    "in .env (REDIS_PASSWORD, NODE_BROKER_PASSWORD); deploy/portal.env.example.",
-                    id="nodes.E004",
-                )
-            ]
-    return []
 
 
 @register(Tags.database)

@@ -6,6 +6,7 @@ under var/; set DATABASE_URL to use PostgreSQL.
 
 from __future__ import annotations
 
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -15,7 +16,19 @@ import dj_database_url
 import dj_email_url
 from django.core.exceptions import ImproperlyConfigured
 
+from kernel.deployment import (
+    placeholder_names,
+    placeholder_refusal,
+    secret_key_refusal,
+    secret_key_weakness,
+    this_machine_only,
+)
 from kernel.env import envbool, envchoice, envfloat, envint, envlist, envstr
+
+# A value copied from deploy/portal.env.example and never filled in is public: no process starts with one, not even
+# `manage.py migrate` (kernel/deployment.py; docs/security.md, "Refused at start").
+if placeholder_names(os.environ):
+    raise ImproperlyConfigured(placeholder_refusal(placeholder_names(os.environ)))
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("VAR_DIR", str(BASE_DIR / "var")))
@@ -23,15 +36,19 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 
 def _secret_key() -> str:
-    """SECRET_KEY from the environment, or one generated once and kept under var/."""
-    key = envstr("SECRET_KEY")
-    if key:
-        return key
-    key_file = VAR_DIR / "secret-key"
-    if not key_file.exists():
-        key_file.touch(mode=0o600)
-        key_file.write_text(secrets.token_urlsafe(50))
-    return key_file.read_text().strip()
+    """SECRET_KEY from the environment, or one generated once and kept under var/. One that can be guessed
+    stops every process (Django's own deployment check only warns): feed URLs and sessions are signed with it."""
+    key, source = envstr("SECRET_KEY"), "SECRET_KEY"
+    if not key:
+        key_file = VAR_DIR / "secret-key"
+        if not key_file.exists():
+            key_file.touch(mode=0o600)
+            key_file.write_text(secrets.token_urlsafe(50))
+        key, source = key_file.read_text().strip(), str(key_file)
+    weakness = secret_key_weakness(key)
+    if weakness:
+        raise ImproperlyConfigured(secret_key_refusal(source, weakness))
+    return key
 
 
 SECRET_KEY = _secret_key()
@@ -70,6 +87,11 @@ if not SECURE_HSTS_PRELOAD:
     # Asking browsers to preload the domain is a separate, hard-to-undo decision (hstspreload.org),
     # not a default: not making it is no warning.
     SILENCED_SYSTEM_CHECKS.append("security.W021")
+if this_machine_only(PORTAL_URL, ALLOWED_HOSTS):
+    # A portal reached on this machine only (scripts/run, docker-compose's example: an http PORTAL_URL on a local
+    # host, and no name but local and container ones) has no https to insist on, and secure cookies would log
+    # nobody in. Once it names a public host, `check --deploy` asks for all four (docs/security.md).
+    SILENCED_SYSTEM_CHECKS += ["security.W004", "security.W008", "security.W012", "security.W016"]
 
 INSTALLED_APPS = [
     "daphne",
@@ -98,6 +120,8 @@ INSTALLED_APPS = [
     "fairshare",
     "waitlist",
     "metrics",
+    # The shell itself, for its system checks (portal/checks.py).
+    "portal.apps.PortalConfig",
 ]
 
 MIDDLEWARE = [

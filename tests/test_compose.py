@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -323,6 +324,75 @@ def test_the_demo_rolls_usage_up_every_minute(services: dict[str, Any]) -> None:
     # So the reports fill within minutes, as with scripts/run.
     assert services["beat"]["environment"]["USAGE_ROLLUP_SECONDS"] == "60"
     assert "USAGE_ROLLUP_SECONDS=${USAGE_ROLLUP_SECONDS:-60}" in (ROOT / "scripts" / "run").read_text()
+
+
+def filled_in(tmp_path: Path) -> Path:
+    """deploy/portal.env.example with its placeholders replaced by generated secrets, as its comments say."""
+    env_file = tmp_path / "portal.env"
+    env_file.write_text(re.sub(r"replace-with-[a-z-]+", lambda _: secrets.token_urlsafe(50), EXAMPLE_ENV.read_text()))
+    return env_file
+
+
+def entrypoint(command: list[str], environment: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """deploy/docker-entrypoint run here as the image runs it: from the source tree, with ``environment``."""
+    env = {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "VAR_DIR": str(tmp_path / "var"),
+        **environment,
+    }
+    return subprocess.run(  # noqa: S603 - our own script and arguments
+        [str(ROOT / "deploy" / "docker-entrypoint"), *command],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@needs_compose
+def test_the_web_server_starts_only_after_the_deployment_checks(tmp_path: Path) -> None:
+    """Issue 37: deploy/portal.env.example as copied used to start with its public SECRET_KEY. The entrypoint runs
+    `check --deploy --fail-level WARNING` before the web server, as docker-compose's web and the image's CMD start
+    it (a stand-in command here, which says whether it ran)."""
+    as_copied = compose("config", "--format", "json")
+    web = json.loads(as_copied.stdout)["services"]["web"]
+    serve = ["sh", "-c", "echo serving with gunicorn"]
+
+    refused = entrypoint(serve, web["environment"], tmp_path)
+    assert refused.returncode != 0
+    assert "serving" not in refused.stdout
+    assert "POSTGRES_PASSWORD, REDIS_PASSWORD, REDIS_URL, SECRET_KEY" in refused.stderr  # every one, at once
+    assert "print(secrets.token_urlsafe(50))" in refused.stderr
+
+    filled = json.loads(compose("config", "--format", "json", env_file=filled_in(tmp_path)).stdout)["services"]
+    started = entrypoint(serve, filled["web"]["environment"], tmp_path)
+    assert started.returncode == 0, started.stderr
+    assert "no issues" in started.stdout and "serving with gunicorn" in started.stdout
+    assert filled["web"]["command"][2].endswith(
+        "exec gunicorn --config python:portal.gunicorn_conf portal.asgi:application"
+    )
+
+    # The example's names are this machine's and its containers'. Once a public one is served, the https settings
+    # are asked for; with DEBUG on, nothing starts.
+    public = {**filled["web"]["environment"], "ALLOWED_HOSTS": "localhost,127.0.0.1,web,gpus.example.org"}
+    refused = entrypoint(serve, {**public, "PORTAL_URL": "http://gpus.example.org"}, tmp_path)
+    assert refused.returncode != 0 and "serving" not in refused.stdout
+    assert "portal.E002" in refused.stderr and "security.W012" in refused.stderr
+    refused = entrypoint(serve, {**filled["web"]["environment"], "DEBUG": "true"}, tmp_path)
+    assert refused.returncode != 0 and "portal.E001" in refused.stderr
+
+
+@needs_compose
+def test_the_agents_and_the_other_processes_start_without_the_web_servers_checks(tmp_path: Path) -> None:
+    """The agent has no portal settings (the check would fail for want of them, not for a mistake); worker, beat
+    and the rest read the same settings as web, which checks them (a placeholder stops them at import anyway)."""
+    filled = json.loads(compose("config", "--format", "json", env_file=filled_in(tmp_path)).stdout)["services"]
+    for name in ("agent-a100", "worker"):
+        environment = filled[name].get("environment", {})
+        done = entrypoint(["sh", "-c", "echo started"], {**environment, "DEBUG": "true"}, tmp_path)
+        assert (done.returncode, done.stdout.strip()) == (0, "started"), (name, done.stderr)
 
 
 def test_the_example_env_holds_placeholders_not_secrets() -> None:

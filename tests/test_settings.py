@@ -79,12 +79,126 @@ def test_check_deploy_is_clean_in_the_documented_production_environment(tmp_path
     assert "no issues" in done.stdout
 
 
-def test_check_deploy_warns_in_a_development_environment(tmp_path):
-    """The control for the test above: --deploy does see the gaps when nothing is configured."""
-    done = run(["manage.py", "check", "--deploy", "--fail-level", "WARNING"], tmp_path)
+def test_check_deploy_warns_when_a_public_name_is_served_without_https(tmp_path):
+    """The control for the test above: --deploy does see the gaps once the portal answers to a public name."""
+    done = run(
+        ["manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        tmp_path,
+        ALLOWED_HOSTS="gpus.example.org",
+        NODE_BROKER_SHARED="true",
+    )
     assert done.returncode != 0
     for check in ("security.W004", "security.W008", "security.W012", "security.W016"):
         assert check in done.stderr
+
+
+# --- deployment mistakes refused at start (issue 37; kernel/deployment.py, portal/checks.py) ---------------------
+
+DEPLOY_CHECK = ["manage.py", "check", "--deploy", "--fail-level", "WARNING"]
+
+
+def test_the_embedded_default_passes_the_deployment_checks_as_scripts_run_starts_it(tmp_path):
+    """scripts/run: SQLite, a key generated under var/, http://127.0.0.1:8000, DEBUG off, one Redis on purpose. A
+    portal on this machine only has no https to insist on, so Django's https warnings stay quiet there."""
+    done = run(DEPLOY_CHECK, tmp_path, NODE_BROKER_SHARED="true")
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "no issues" in done.stdout
+    assert len((tmp_path / "secret-key").read_text().strip()) >= 50
+    assert "manage.py check --deploy --fail-level WARNING" in (ROOT / "scripts" / "run").read_text()
+    # docker-compose's example: its web answers to its container name too, and is published on 127.0.0.1.
+    done = run(DEPLOY_CHECK, tmp_path, NODE_BROKER_SHARED="true", ALLOWED_HOSTS="localhost,127.0.0.1,web",
+               PORTAL_URL="http://localhost:8000")  # fmt: skip
+    assert done.returncode == 0, done.stderr + done.stdout
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [
+        {"SECRET_KEY": "replace-with-a-generated-secret"},  # deploy/portal.env.example as copied
+        {"REDIS_URL": "redis://:replace-with-a-generated-redis-password@redis:6379/0"},
+        {"POSTGRES_PASSWORD": "replace-with-a-generated-password"},
+        {"EMAIL_URL": "smtp://gpus:replace-with-the-mail-password@mail.example.org:587"},
+    ],
+)
+def test_a_placeholder_anywhere_in_the_environment_stops_every_process(tmp_path, environment):
+    done = run(["manage.py", "migrate", "--noinput"], tmp_path, **environment)
+    assert done.returncode != 0
+    (name,) = environment
+    assert f"ImproperlyConfigured: {name} still holds a placeholder from deploy/portal.env.example" in done.stderr
+    assert "print(secrets.token_urlsafe(50))" in done.stderr
+    assert not (tmp_path / "portal.sqlite3").exists()  # nothing migrated
+
+
+def test_a_celery_process_refuses_a_placeholder_too(tmp_path):
+    """Not only the processes that run the system checks: any that loads the settings."""
+    done = run(["-m", "celery", "-A", "portal", "report"], tmp_path, SECRET_KEY="replace-with-a-generated-secret")
+    assert done.returncode != 0
+    assert "SECRET_KEY still holds a placeholder" in done.stderr
+
+
+def test_every_placeholder_is_named_at_once(tmp_path):
+    done = run(
+        ["manage.py", "check"],
+        tmp_path,
+        SECRET_KEY="replace-with-a-generated-secret",
+        NODE_BROKER_URL="redis://:replace-with-a-generated-node-broker-password@node-broker:6379/0",
+    )
+    assert "NODE_BROKER_URL, SECRET_KEY still hold placeholders from deploy/portal.env.example" in done.stderr
+
+
+def test_a_secret_file_holding_a_placeholder_stops_the_portal(tmp_path):
+    secret = tmp_path / "secret_key"
+    secret.write_text("replace-with-a-generated-secret\n")
+    done = run(["manage.py", "check"], tmp_path, SECRET_KEY_FILE=str(secret))
+    assert done.returncode != 0
+    assert f"SECRET_KEY_FILE ({secret}) still holds a placeholder" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("key", "words"),
+    [
+        ("s3cr3t-but-short", "it has 16 characters, 10 of them different, where at least 50 characters"),
+        ("ab" * 40, "it has 80 characters, 2 of them different"),
+        ("django-insecure-" + secrets.token_urlsafe(50), "it begins with 'django-insecure-'"),
+    ],
+)
+def test_a_secret_key_that_can_be_guessed_stops_every_process(tmp_path, key, words):
+    """Django's own rule (security.W009), which Django only warns about under --deploy."""
+    done = run(["manage.py", "migrate", "--noinput"], tmp_path, SECRET_KEY=key)
+    assert done.returncode != 0
+    assert f"ImproperlyConfigured: SECRET_KEY is too easy to guess: {words}" in done.stderr
+    assert "python3 -c 'import secrets; print(secrets.token_urlsafe(50))'" in done.stderr
+    assert key not in done.stderr
+    weak_file = tmp_path / "secret-key"
+    weak_file.write_text("0123456789")  # a key put under var/ by hand is held to the same rule
+    done = run(["manage.py", "check"], tmp_path)
+    assert f"ImproperlyConfigured: {weak_file} is too easy to guess" in done.stderr
+
+
+@pytest.mark.parametrize("hosts", ["gpus.example.org", "*", "localhost,192.0.2.7", "web"])
+def test_debug_on_a_public_name_is_an_error_at_every_start(tmp_path, hosts):
+    done = run(["manage.py", "check"], tmp_path, DEBUG="true", ALLOWED_HOSTS=hosts)
+    assert done.returncode != 0
+    assert "(portal.E001) DEBUG is on while the portal answers to" in done.stderr
+    assert "Set DEBUG=false for a portal others reach" in done.stderr
+
+
+@pytest.mark.parametrize("hosts", ["", "localhost,127.0.0.1,[::1]", ".localhost,gpus.localhost", "127.0.0.2"])
+def test_debug_on_this_machine_is_fine(tmp_path, hosts):
+    done = run(["manage.py", "check"], tmp_path, DEBUG="true", ALLOWED_HOSTS=hosts)
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_http_portal_url_for_the_world_is_refused_by_the_deployment_checks(tmp_path):
+    production = {**PRODUCTION, "SECRET_KEY": secrets.token_urlsafe(50), "PORTAL_URL": "http://gpus.example.org"}
+    done = run(DEPLOY_CHECK, tmp_path, **production)
+    assert done.returncode != 0
+    assert "(portal.E002) PORTAL_URL (http://gpus.example.org) is http on a host others reach" in done.stderr
+    assert "set PORTAL_URL=https://" in done.stderr
+    # Production only: plain `check` (CI, migrate) says nothing, and a lab on http says so on purpose.
+    assert run(["manage.py", "check"], tmp_path, **production).returncode == 0
+    done = run(["manage.py", "check", "--deploy"], tmp_path, **production, SILENCED_SYSTEM_CHECKS="portal.E002")
+    assert "portal.E002" not in done.stderr
 
 
 def test_check_deploy_warns_when_the_nodes_share_the_portals_redis(tmp_path):
