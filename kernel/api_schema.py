@@ -27,6 +27,9 @@ ERRORS = {
     404: error_response("No such object, or not one you may act on."),
     409: error_response("The slot is taken (the conflicting slots), or the reservation's state does not allow it."),
     429: error_response("Too many requests for this token."),
-    503: error_response("The GPUs are busy with other bookings: retry shortly."),
+    503: error_response(
+        "Retry after Retry-After seconds: the GPUs are busy with other bookings (busy), or the database or Redis is "
+        "away or busy (database_restarting, database_unavailable, ...; docs/api.md, 'Errors during an outage')."
+    ),
 }
-READ_ERRORS = {code: ERRORS[code] for code in (400, 401, 404, 429)}
+READ_ERRORS = {code: ERRORS[code] for code in (400, 401, 404, 429, 503)}

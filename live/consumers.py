@@ -24,7 +24,9 @@ Topics, and who may follow them:
 A connection that is not logged in is accepted only to be told why, then closed with 4401. Every
 LIVE_RECHECK_SECONDS the connection checks that its user is still active (and its token still
 valid); if not it closes with 4401, and if the user's admin role changed it closes with 4000 so
-the page reconnects and gets the cut it is now entitled to.
+the page reconnects and gets the cut it is now entitled to. While the channel layer's Redis (or, at
+connect, the database) is away, a connection is told so ({"type": "error", "code": "redis_unavailable", ...})
+and closed with 4503; the page reconnects with backoff (live/outages.py).
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.utils import timezone
 
+from kernel.outages import Outage, outage_of
 from live import broadcast
+from live.outages import CLOSE_UNAVAILABLE, error_frame, layer_watch, paused_message
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +88,14 @@ def alerts_snapshot() -> str:
 
 
 class LiveConsumer(AsyncWebsocketConsumer):
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # Also when an outage ended the connection from below (live.outages.LiveOutageGuard closes it then):
+            # no watchdog or group outlives it.
+            await self._leave()
+
     async def connect(self) -> None:
         user = self.scope.get("user")
         await self.accept()
@@ -95,16 +107,31 @@ class LiveConsumer(AsyncWebsocketConsumer):
         self.user = user
         self.admin = user.is_booking_admin
         self.topics: dict[str, str] = {}  # topic -> the group it joined
-        self.watchdog = asyncio.create_task(self._watch())
+        self.watchdog: asyncio.Task[None] | None = asyncio.create_task(self._watch())
+        layer_watch().join(self)
 
     async def disconnect(self, code: int) -> None:
-        watchdog = getattr(self, "watchdog", None)
+        await self._leave()
+
+    async def _leave(self) -> None:
+        layer_watch().leave(self)
+        watchdog, self.watchdog = getattr(self, "watchdog", None), None
         if watchdog is not None:
             watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watchdog
-        for group in getattr(self, "topics", {}).values():
-            await self.channel_layer.group_discard(group, self.channel_name)
+        groups = list(getattr(self, "topics", {}).values())
+        if groups:
+            self.topics = {}
+        for group in groups:
+            # With Redis away this cannot reach it; channels-redis forgets the group here all the same.
+            with contextlib.suppress(Exception):
+                await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def layer_lost(self, outage: Outage) -> None:
+        """live.outages.LayerWatch: the channel layer's Redis went away; nothing more would arrive here."""
+        await self.send(text_data=error_frame(outage))
+        await self.close(code=CLOSE_UNAVAILABLE, reason=paused_message(outage))
 
     # --- from the client ----------------------------------------------------------------------
 
@@ -185,8 +212,11 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await asyncio.sleep(settings.LIVE_RECHECK_SECONDS)
             try:
                 verdict = await self._recheck()
-            except Exception:
-                logger.exception("could not re-check the websocket of %s", self.user)
+            except Exception as error:
+                if outage_of(error) is None:
+                    logger.exception("could not re-check the websocket of %s", self.user)
+                else:  # the database away: the next check will do
+                    logger.warning("could not re-check the websocket of %s: %s", self.user, error)
                 continue
             if verdict == "gone":
                 await self._error("not_authenticated", "Your session or token is no longer valid: log in again.")

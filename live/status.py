@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from kernel.outages import outage_of
 from kernel.redis_client import redis_client
 from live import broadcast
 from nodes.ingest import TelemetryReport
@@ -94,8 +95,11 @@ def send_node_status(node_ids: list[int]) -> None:
 def _send_node_status(node_ids: list[int] | None) -> None:
     try:
         nodes = fleet_status(node_ids=node_ids)
-    except Exception:  # a failed broadcast must never fail the report or booking that caused it
-        logger.exception("could not build the status of nodes %s for broadcasting", node_ids)
+    except Exception as error:  # a failed broadcast must never fail the report or booking that caused it
+        if outage_of(error) is None:
+            logger.exception("could not build the status of nodes %s for broadcasting", node_ids)
+        else:  # the database away (kernel/outages.py): no trace, the next change or refresh sends them
+            logger.warning("could not build the status of nodes %s for broadcasting: %s", node_ids, error)
         return
     message = {"type": "nodes", "full": node_ids is None, "now": timezone.now().isoformat()}
     broadcast.send_status(

@@ -36,12 +36,14 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from kernel.runtime import freeze_loaded_objects  # noqa: E402
 from live.auth import LiveAuthMiddleware  # noqa: E402
+from live.outages import LiveOutageGuard  # noqa: E402
 from live.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_application,
-        "websocket": LiveAuthMiddleware(URLRouter(websocket_urlpatterns)),
+        # The database or Redis away: the socket closes with words (4503) and the page reconnects (live/outages.py).
+        "websocket": LiveOutageGuard(LiveAuthMiddleware(URLRouter(websocket_urlpatterns))),
     }
 )
 

@@ -16,6 +16,7 @@ import dj_database_url
 import dj_email_url
 from django.core.exceptions import ImproperlyConfigured
 
+from kernel.db_pool import RECONNECT_SECONDS, try_again
 from kernel.deployment import (
     placeholder_names,
     placeholder_refusal,
@@ -136,6 +137,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Turns a login refused because of a lockout into the page that says when to retry (accounts/throttling.py).
     "accounts.throttling.LoginLockoutMiddleware",
+    # The database restarting, Redis away, a lock timeout: 503 with words and Retry-After, not 500 (kernel/outages.py).
+    "kernel.outages.OutageMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -162,6 +165,9 @@ DATABASES = {
     "default": dj_database_url.parse(
         envstr("DATABASE_URL", f"sqlite:///{VAR_DIR / 'portal.sqlite3'}"),
         conn_max_age=envint("DB_CONN_MAX_AGE", 0),
+        # A kept connection (DB_CONN_MAX_AGE, or the pool's: psycopg_pool's check) is tried before a request uses
+        # it and replaced when the database restarted meanwhile, so that no request fails on it (kernel/outages.py).
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -185,6 +191,9 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and envin
         "min_size": envint("DB_POOL_MIN_SIZE", 1),
         "max_size": envint("DB_POOL_MAX_SIZE", 0),
         "timeout": envint("DB_POOL_TIMEOUT", 10),
+        # After a database restart, try again about once a second rather than with a doubling delay (kernel/db_pool.py).
+        "reconnect_timeout": RECONNECT_SECONDS,
+        "reconnect_failed": try_again,
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

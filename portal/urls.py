@@ -37,4 +37,4 @@ urlpatterns = [
 
 handler400 = "kernel.api.bad_request"
 handler404 = "kernel.api.not_found"
-handler500 = "kernel.api.server_error"
+handler500 = "kernel.outages.server_error"  # an outage met outside a view is a 503; the rest kernel/api.py's 500
