@@ -13,12 +13,20 @@ from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
+from django.http import HttpResponse
 from django.urls import reverse
 from django.utils import timezone
 
 from accounts.models import User
 from accounts.throttling import login_lockout
 from accounts.validators import validate_unix_username
+
+
+class DirectoryUnreachable(Exception):
+    """The login's directory (LDAP) could not be reached: an outage, not a wrong password (accounts/sso_ldap.py)."""
+
+    message = "The directory that checks passwords cannot be reached just now. Try again in a few minutes."
+    retry_after_seconds = 60
 
 
 def check_unix_username(user: User, value: str) -> None:
@@ -45,6 +53,9 @@ class LoginForm(AuthenticationForm):
     def clean(self) -> dict[str, Any]:
         try:
             return super().clean()
+        except DirectoryUnreachable:
+            self.request.directory_unreachable_shown = True  # type: ignore[union-attr]
+            raise ValidationError(DirectoryUnreachable.message, code="directory_unreachable") from None
         except ValidationError:
             if not getattr(self.request, "axes_locked_out", False):
                 raise
@@ -60,6 +71,13 @@ class LoginView(auth_views.LoginView):
 
     authentication_form = LoginForm
     redirect_authenticated_user = True
+
+    def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
+        response = super().form_invalid(form)
+        if getattr(self.request, "directory_unreachable_shown", False):  # an outage, said with a status too
+            response.status_code = 503
+            response["Retry-After"] = str(DirectoryUnreachable.retry_after_seconds)
+        return response
 
     def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
         context = super().get_context_data(**kwargs)

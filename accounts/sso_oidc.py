@@ -19,6 +19,9 @@
   rule (accounts.validators): ``root`` or ``../x`` refuses the login with a message saying why.
 - With ``OIDC_STAFF_GROUPS`` set, staff (booking admins) are exactly the members of those groups
   in the ``OIDC_GROUPS_CLAIM`` claim.
+- A provider out of reach when the portal exchanges the code (stopped, not answering, answering 5xx) is an
+  outage, not a failed login: the login page says so and nothing is counted against the address
+  (``PortalOIDCCallbackView``), where the library let the error through as a 500.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import SuspiciousOperation, ValidationError
 from django.db import IntegrityError, transaction
+from django.http import HttpRequest, HttpResponse
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
+from mozilla_django_oidc.views import OIDCAuthenticationCallbackView
+from requests import RequestException
 
 from accounts.models import User
 from accounts.sso import check_unix_username, refusal
@@ -48,7 +54,25 @@ def _verified_email(claims: dict[str, Any]) -> str:
     return ""
 
 
+PROVIDER_UNREACHABLE = (
+    "The institutional login cannot reach its provider just now. Try again in a few minutes "
+    "(an account with a password of the portal's own logs in with the form)."
+)
+
+
+class ProviderUnreachable(Exception):
+    """The OpenID provider did not answer the portal's token, userinfo or key request."""
+
+
 class PortalOIDCBackend(OIDCAuthenticationBackend):
+    def authenticate(self, request: HttpRequest | None, **kwargs: Any) -> User | None:
+        try:
+            return cast("User | None", super().authenticate(request, **kwargs))
+        except RequestException as error:
+            # Raised, not None: Django would announce a failed login, which the lockouts count.
+            logger.warning("the OpenID provider could not be reached: %s", error)
+            raise ProviderUnreachable from error
+
     def verify_claims(self, claims: dict[str, Any]) -> bool:
         return isinstance(claims.get(settings.OIDC_USERNAME_CLAIM), str)
 
@@ -131,3 +155,15 @@ class PortalOIDCBackend(OIDCAuthenticationBackend):
         except IntegrityError:  # the same subject or username saved by a login running at the same moment
             self._refuse(f"Institutional login for {user.username!r} collided with another one. Try again.")
         return user
+
+
+class PortalOIDCCallbackView(OIDCAuthenticationCallbackView):
+    """The provider's redirect back to the portal (settings.OIDC_CALLBACK_CLASS): with the provider out of reach,
+    back to the login page, which says so."""
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        try:
+            return cast(HttpResponse, super().get(request))
+        except ProviderUnreachable:
+            messages.error(request, PROVIDER_UNREACHABLE)
+            return cast(HttpResponse, self.login_failure())

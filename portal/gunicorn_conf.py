@@ -9,6 +9,9 @@
 from __future__ import annotations
 
 import os
+from typing import Any
+
+from portal.gunicorn_worker import Handover
 
 bind = [os.environ.get("WEB_BIND", "0.0.0.0:8000")]
 workers = int(os.environ.get("WEB_PROCESSES", "2"))
@@ -16,6 +19,8 @@ worker_class = "portal.gunicorn_worker.PortalUvicornWorker"
 # A worker that stops answering gunicorn's heartbeat for this long is replaced (uvicorn notifies it while it
 # serves, however long a websocket stays open).
 timeout = 60
+# How long a stopping worker may take: on a graceful reload (SIGHUP) half of it serving while its successors
+# boot, half finishing its requests and draining its connections (portal/gunicorn_worker.py).
 graceful_timeout = 30
 keepalive = 5
 # gunicorn's own lines (workers starting, exiting) on stderr; the requests are logged by the portal's logging.
@@ -23,3 +28,17 @@ errorlog = "-"
 accesslog = None
 # No control socket: nothing here uses it, and a container's home directory may not be writable.
 control_socket_disable = True
+
+
+# The graceful reload's handover (portal/gunicorn_worker.py, Handover): the master marks each worker it forks as
+# booting, and forgets it once it has exited; a worker told to stop keeps serving while a younger one boots.
+def pre_fork(server: Any, worker: Any) -> None:
+    Handover(server.pid, server.cfg).forking(worker.age)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    Handover(server.pid, server.cfg).exited(worker.age)
+
+
+def on_exit(server: Any) -> None:
+    Handover(server.pid, server.cfg).closing()

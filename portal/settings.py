@@ -340,6 +340,9 @@ if LDAP_SERVER_URI:
             flag: group for flag, group in (("is_staff", LDAP_STAFF_GROUP), ("is_active", LDAP_ACTIVE_GROUP)) if group
         }
     AUTHENTICATION_BACKENDS.insert(1, "accounts.sso_ldap.PortalLDAPBackend")  # after axes
+    # Last: a directory out of reach is said so (503), once the local accounts have had their try, and not
+    # counted as a failed login (accounts/sso_ldap.py).
+    AUTHENTICATION_BACKENDS.append("accounts.sso_ldap.DirectoryAwayBackend")
 
 # OpenID Connect: an "institutional login" button on the login page (mozilla-django-oidc, code flow
 # with PKCE). Endpoints are given explicitly: the provider's /.well-known/openid-configuration lists
@@ -357,6 +360,9 @@ OIDC_GROUPS_CLAIM = envstr("OIDC_GROUPS_CLAIM", "groups")
 # versions made them. Turn it on for the first logins after an upgrade, then off.
 OIDC_LINK_BY_USERNAME = envbool("OIDC_LINK_BY_USERNAME", False)
 OIDC_STAFF_GROUPS = envlist("OIDC_STAFF_GROUPS", [])
+# A provider out of reach is said so on the login page instead of a 500 (accounts/sso_oidc.py). Read when
+# mozilla-django-oidc's URLs load; harmless without OIDC (nothing imports it then).
+OIDC_CALLBACK_CLASS = "accounts.sso_oidc.PortalOIDCCallbackView"
 if OIDC_ENABLED:
     _sso_import("mozilla_django_oidc", "OIDC_RP_CLIENT_ID")
     OIDC_RP_CLIENT_SECRET = envstr("OIDC_RP_CLIENT_SECRET")
@@ -454,6 +460,16 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker killed mid-task leaves nothing half-done (docs/operations.md, "A worker killed mid-task"): every task
+# is idempotent (each writes in its own transactions, mail and alerts are claimed by a compare-and-swap, a push
+# sends a node's whole state), so a task is acknowledged only once it has run, and a pool process killed under
+# it (the OOM killer) gives it back at once for another process to run. A whole worker killed holds its
+# task unacknowledged in Redis until CELERY_VISIBILITY_TIMEOUT_SECONDS have passed, then any worker runs it
+# (or drops it, when its `expires` has passed: beat's next run does the same work). Keep it above the
+# longest task and the longest countdown (under a second here), or Redis hands a running task out twice.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT_SECONDS", 3600)}
 
 # Node agents (docs/architecture.md, "leases"). Pushes of a node's leases coalesce over this many
 # milliseconds; a queued snapshot nobody took within the expiry is dropped (the next push replaces it).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import email
 import email.policy
 import threading
@@ -16,6 +17,17 @@ class _Keeper:
     def __init__(self) -> None:
         self.messages: list[EmailMessage] = []
         self.lock = threading.Lock()
+        self.holding = False
+        self.held = 0
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # aiosmtpd calls it by this name
+        if self.holding:  # a sender stopped mid-mail, before the server has taken anything
+            with self.lock:
+                self.held += 1
+            while self.holding:
+                await asyncio.sleep(0.02)
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):  # aiosmtpd calls it by this name
         message = email.message_from_bytes(envelope.content, policy=email.policy.default)
@@ -51,6 +63,19 @@ class MailServer:
     def wait_for(self, count: int, timeout: float = 10.0) -> list[EmailMessage]:
         wait_for(lambda: len(self.messages) >= count, timeout=timeout, interval=0.02)
         return self.messages
+
+    def hold(self) -> None:
+        """From now on, keep every sender waiting after it names a recipient (before it sends the mail),
+        until ``release()``; ``held`` counts them."""
+        self.keeper.holding = True
+
+    def release(self) -> None:
+        self.keeper.holding = False
+
+    @property
+    def held(self) -> int:
+        with self.keeper.lock:
+            return self.keeper.held
 
     def clear(self) -> None:
         with self.keeper.lock:

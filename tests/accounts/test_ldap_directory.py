@@ -17,6 +17,13 @@ pytestmark = pytest.mark.skipif(not available(), reason="slapd is not installed 
 
 DANA_PASSWORD = "dana-directory-password"
 ERIN_PASSWORD = "erin-directory-password"
+# As portal/settings.py lists them when LDAP_SERVER_URI is set.
+BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "accounts.sso_ldap.PortalLDAPBackend",
+    "django.contrib.auth.backends.ModelBackend",
+    "accounts.sso_ldap.DirectoryAwayBackend",
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +48,7 @@ def ldap_login(settings, directory: Directory) -> Directory:
     settings.AUTH_LDAP_USER_ATTR_MAP = {"first_name": "givenName", "last_name": "sn", "email": "mail"}
     settings.LDAP_UNIX_USERNAME_ATTR = "uid"
     settings.UNIX_USERNAME_SOURCE = "directory"
-    settings.AUTHENTICATION_BACKENDS = [
-        "axes.backends.AxesStandaloneBackend",
-        "accounts.sso_ldap.PortalLDAPBackend",
-        "django.contrib.auth.backends.ModelBackend",
-    ]
+    settings.AUTHENTICATION_BACKENDS = BACKENDS
     return directory
 
 
@@ -146,3 +149,36 @@ def test_the_directory_never_reactivates_someone_an_admin_deactivated(client, ac
 def test_a_member_of_the_active_group_logs_in(client, active_group, db):
     assert log_in(client, "erin", ERIN_PASSWORD).status_code == 302
     assert User.objects.get(username="erin").is_active
+
+
+def test_with_the_directory_away_a_login_says_so_counts_no_failure_and_local_accounts_still_log_in(
+    settings, client, db
+):
+    """The directory stopped (docs/operations.md, "When a dependency is away"): its people are told the directory
+    cannot be reached, not that their password is wrong, and no lockout counts against them; a local account
+    (an admin's) logs in as ever."""
+    import ldap
+    from django_auth_ldap.config import LDAPSearch
+
+    away = Directory()
+    away.start()
+    away.add_person("dana", DANA_PASSWORD, given="Dana", surname="Scully")
+    settings.AUTH_LDAP_SERVER_URI = away.uri
+    settings.AUTH_LDAP_BIND_DN, settings.AUTH_LDAP_BIND_PASSWORD = ADMIN_DN, ADMIN_PASSWORD
+    settings.AUTH_LDAP_USER_SEARCH = LDAPSearch(PEOPLE, ldap.SCOPE_SUBTREE, "(uid=%(user)s)")
+    settings.AUTHENTICATION_BACKENDS = BACKENDS
+    admin = UserFactory(username="root-admin", is_staff=True)
+    admin.set_password("local-admin-password")
+    admin.save()
+    assert log_in(client, "dana", DANA_PASSWORD).status_code == 302
+    client.logout()
+    away.stop()
+
+    for _ in range(settings.LOGIN_FAILURE_LIMIT + 1):
+        refused = log_in(client, "dana", DANA_PASSWORD)
+        assert refused.status_code == 503 and refused["Retry-After"] == "60"
+        assert "The directory that checks passwords cannot be reached just now" in refused.content.decode()
+        assert "do not match" not in refused.content.decode()
+    assert "_auth_user_id" not in client.session
+    # Nothing was counted against dana or the address: the local admin, from the same address, logs in.
+    assert log_in(client, "root-admin", "local-admin-password").status_code == 302

@@ -447,7 +447,8 @@ def test_the_ldap_environment_configures_django_auth_ldap(tmp_path):
     assert done.returncode == 0, done.stderr
     backends, search, groups = done.stdout.splitlines()[-3:]
     assert backends == (
-        f"['{AXES_BACKEND}', 'accounts.sso_ldap.PortalLDAPBackend', '{MODEL_BACKEND}'] "
+        f"['{AXES_BACKEND}', 'accounts.sso_ldap.PortalLDAPBackend', '{MODEL_BACKEND}', "
+        "'accounts.sso_ldap.DirectoryAwayBackend'] "
         "ldaps://ldap.example.org cn=portal,ou=services,dc=example,dc=org bind-secret"
     )
     assert search == (
@@ -506,3 +507,27 @@ def test_without_a_unix_username_claim_a_renamed_username_claim_opens_nothing(cl
     log_in(client, oidc, **{**CLAIMS, "preferred_username": "bob", "uid": "bob"})
 
     assert logged_in_as(client).unix_username is None
+
+
+def test_with_the_provider_away_the_login_says_so_and_local_accounts_still_log_in(client, oidc, settings, db):
+    """The OpenID provider stopped (docs/operations.md, "When a dependency is away") after it sent the browser back
+    with a code: the portal cannot exchange it, says so on the login page and logs nobody in; a local account logs
+    in with its password as ever."""
+    away = Provider()
+    settings.OIDC_OP_TOKEN_ENDPOINT = f"{away.url}/token"
+    settings.OIDC_OP_USER_ENDPOINT = f"{away.url}/userinfo"
+    away.server.shutdown()
+    away.server.server_close()  # nothing listens there now
+    admin = UserFactory(username="root-admin", is_staff=True)
+    admin.set_password("local-admin-password")
+    admin.save()
+
+    for _ in range(settings.LOGIN_FAILURE_LIMIT + 1):
+        done = log_in(client, away, **CLAIMS)
+        assert done.status_code == 302 and done["Location"] == "/accounts/login/"
+        page = client.get("/accounts/login/")
+        assert "The institutional login cannot reach its provider just now" in page.content.decode()
+    assert away.token_requests == 0 and logged_in_as(client) is None
+    # No failure was counted against the address: the local admin, from the same address, logs in.
+    local = client.post("/accounts/login/", {"username": "root-admin", "password": "local-admin-password"})
+    assert local.status_code == 302 and logged_in_as(client) == admin
