@@ -62,25 +62,44 @@ def parse_feed_token(token: str) -> FeedToken | None:
 
 
 # A feed URL's path wherever it may be written down (a log line, a traceback): /feeds/ and one path
-# segment. A segment with a dot (or an encoded one) may be a token, whether or not it is valid now.
+# segment. A segment with two dots (or encoded ones) may be a token, whether or not it is valid now; one dot
+# is a file's name (a traceback's /work/.../feeds/ical.py), which no token is: user, feed and MAC need two.
 _FEED_PATH = re.compile(r"/feeds/([^/\s\"'?#<>]+)")
 _TOKEN_PARTS = re.compile(r"\A[1-9][0-9]{0,17}\.(?:mine|n[1-9][0-9]{0,17})\.")
 
 
 def _redact_feed_path(match: re.Match[str]) -> str:
     segment = match[1]
-    if "." not in segment and "%2e" not in segment.lower():
-        return match[0]  # e.g. /api/v1/feeds/rotate/: no token here
+    if segment.count(".") + segment.lower().count("%2e") < 2:
+        return match[0]  # e.g. /api/v1/feeds/rotate/, feeds/ical.py: no token here
     kept = _TOKEN_PARTS.match(segment)
     return f"/feeds/{kept[0] if kept else ''}[redacted]{'.ics' if segment.endswith('.ics') else ''}"
 
 
+# A token wherever it stands (another path, a query parameter, a spelling the view refuses such as ``0017`` or
+# ``MINE``): its MAC is the secret whichever URL carries it. Eight characters on, so a truncated MAC goes too.
+_TOKEN_ANYWHERE = re.compile(r"([0-9]{1,20}\.(?:[Mm][Ii][Nn][Ee]|[Nn][0-9]{1,20})\.)[A-Za-z0-9_-]{8,}")
+# And a MAC standing alone, whatever surrounds it: a run of 43 or more base64url characters with a digit, an
+# upper- and a lower-case letter, as all but one MAC in a thousand has (a long snake_case name or a hex digest
+# has not, and stays).
+_MAC_LIKE = re.compile(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{43,}(?![A-Za-z0-9_-])")
+
+
+def _redact_mac_like(match: re.Match[str]) -> str:
+    run = match[0]
+    if any(c.isdigit() for c in run) and any(c.isupper() for c in run) and any(c.islower() for c in run):
+        return "[redacted]"
+    return run
+
+
 def redact_feed_urls(text: str) -> str:
     """``text`` with the secret of every feed URL replaced: ``/feeds/17.mine.[redacted].ics``. The user
-    id and feed name stay (they are not secret, and say whose feed was asked for)."""
-    if "/feeds/" not in text:
-        return text
-    return _FEED_PATH.sub(_redact_feed_path, text)
+    id and feed name stay (they are not secret, and say whose feed was asked for). kernel.logs also
+    hands this every percent-encoded word decoded, so ``/%66eeds/…`` and ``/feeds%2F…`` go the same way."""
+    if "/feeds/" in text:
+        text = _FEED_PATH.sub(_redact_feed_path, text)
+    text = _TOKEN_ANYWHERE.sub(r"\1[redacted]", text)
+    return _MAC_LIKE.sub(_redact_mac_like, text)
 
 
 def feed_token_valid(token: FeedToken, *, generation: int) -> bool:

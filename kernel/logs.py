@@ -9,14 +9,23 @@ record carries: a traceback as ``exc_info``, a request's ``method``, ``path`` an
 logger) takes secrets out of what is written: the MAC of calendar feed URLs (feeds.tokens), which
 Django's request logger writes on a 404, daphne's access log on every fetch (portal/serve.py sends
 it through logging), and any traceback or ``extra=`` value might.
+
+A secret may be spelled in percent escapes (``/%66eeds/…``, ``/feeds%2F…``, ``%2e`` for a dot, even
+``%252e`` twice over): the web server decodes the path before the portal routes it, so such a URL
+is answered like the plain one while the access log keeps the spelling the client sent. So each
+word of a line that holds an escape is also decoded (a few rounds, as far as it changes) and looked
+at again; where that finds a secret, the word is written decoded, redacted, and escaped again (so a
+decoded newline or quote never reaches the log as one).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote, unquote
 
 from celery import current_task
 from django.http import HttpRequest
@@ -38,10 +47,40 @@ def register_redactor(redact: Callable[[str], str]) -> None:
 
 
 def redact_secrets(text: str) -> str:
-    """``text`` as it may be logged: every secret the portal knows to look for replaced."""
+    """``text`` as it may be logged: every secret the portal knows to look for replaced, in whatever
+    percent-encoded spelling it comes."""
+    if "%" in text:  # first, so that a secret is found whole, before a plain pass cuts an escape apart
+        text = _ENCODED_WORD.sub(_redact_encoded_word, text)
+    return _redact_plain(text)
+
+
+def _redact_plain(text: str) -> str:
     for redact in _REDACTORS:
         text = redact(text)
     return text
+
+
+# A word of a log line (a path, a URL, a query) holding at least one percent escape, in either case of hex.
+_ENCODED_WORD = re.compile(r"[^\s\"'<>]*%[0-9A-Fa-f]{2}[^\s\"'<>]*")
+# daphne and uvicorn decode a path once; a second round catches what a proxy in front may have decoded first,
+# the third is to spare. Each round that changes nothing ends it.
+_DECODE_ROUNDS = 3
+# What stays as it is when a decoded, redacted word is escaped again: a URL's own punctuation and the brackets
+# of "[redacted]"; whitespace, quotes, control characters and % are escaped.
+_URL_PUNCTUATION = "/:?#[]@!$&()*+,;=~"
+
+
+def _redact_encoded_word(match: re.Match[str]) -> str:
+    word = decoded = match[0]
+    for _ in range(_DECODE_ROUNDS):
+        once = unquote(decoded, errors="replace")
+        if once == decoded:
+            break
+        decoded = once
+    redacted = _redact_plain(decoded)
+    if redacted == decoded:
+        return word  # nothing secret in it: the spelling the client sent, for whoever reads the log
+    return quote(redacted, safe=_URL_PUNCTUATION)
 
 
 class RedactSecrets(logging.Filter):

@@ -12,12 +12,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import unquote
 
 import pytest
 import requests
 from django.conf import settings
 
-from feeds.tokens import redact_feed_urls
+from kernel.logs import redact_secrets
 from portal.celery import app
 from tests.agent.harness import free_port, port_open, wait_for
 from tests.factories import UserFactory
@@ -100,15 +101,63 @@ def test_a_celery_task_logging_a_feed_url_goes_through_the_same_filter(alice):
     [
         ("GET /feeds/12.n3.abcdefgh.ics HTTP/1.1", "GET /feeds/12.n3.[redacted].ics HTTP/1.1"),
         ("/feeds/12.mine.abc.ics?x=1", "/feeds/12.mine.[redacted].ics?x=1"),
-        ("/feeds/not-a-token.ics", "/feeds/[redacted].ics"),
-        ("/feeds/12%2Emine%2Eabc%2Eics", "/feeds/[redacted]"),  # an encoded dot still reaches the view
+        ("/feeds/not.a-token.ics", "/feeds/[redacted].ics"),
+        # One dot is a file's name, never a token (user, feed and MAC need two): a traceback keeps its paths.
+        ('File "/srv/portal/feeds/ical.py", line 40', 'File "/srv/portal/feeds/ical.py", line 40'),
+        ("/feeds/12%2Emine%2Eabc%2Eics", "/feeds/12.mine.[redacted].ics"),  # an encoded dot still reaches the view
         ("/feeds/12.mine.abc", "/feeds/12.mine.[redacted]"),
         ("/api/v1/feeds/rotate/", "/api/v1/feeds/rotate/"),  # no token: left alone
         ("/api/v1/feeds/", "/api/v1/feeds/"),
     ],
 )
 def test_what_counts_as_a_feed_secret(text, logged):
-    assert redact_feed_urls(text) == logged
+    assert redact_secrets(text) == logged
+
+
+def spelled(text: str, *, every: bool = False) -> str:
+    """``text`` percent-encoded: every character (in upper-case hex), or only the dots and slashes."""
+    if every:
+        return "".join(f"%{ord(c):02X}" for c in text)
+    return text.replace(".", "%2e").replace("/", "%2F")
+
+
+MAC = "Zk3" + "q" * 40
+
+
+@pytest.mark.parametrize(
+    ("text", "logged"),
+    [
+        # The spellings the web server decodes to /feeds/… (issue 37: they answered 200 with the secret logged).
+        (f"GET /%66eeds/17.mine.{MAC}.ics HTTP/1.1", "GET /feeds/17.mine.[redacted].ics HTTP/1.1"),
+        (f"GET /%46EEDS/17.mine.{MAC}.ics HTTP/1.1", "GET /FEEDS/17.mine.[redacted].ics HTTP/1.1"),
+        (f"/feeds%2F17.mine.{MAC}.ics", "/feeds/17.mine.[redacted].ics"),
+        (f"/feeds{spelled(f'/17.mine.{MAC}.ics')}", "/feeds/17.mine.[redacted].ics"),  # mixed-case hex
+        (f"/feeds/{spelled(f'17.mine.{MAC}', every=True)}.ics", "/feeds/17.mine.[redacted].ics"),
+        (f"/%2566eeds%252F17%252Emine%252E{MAC}.ics", "/feeds/17.mine.[redacted].ics"),  # twice over
+        # The token in a query string, plain or encoded, and spelled as the view refuses (its MAC is real all the same).
+        (f"/calendar/?u=%2Ffeeds%2F17.mine.{MAC}.ics", "/calendar/?u=/feeds/17.mine.[redacted].ics"),
+        (f"/calendar/?t=17.mine.{MAC}", "/calendar/?t=17.mine.[redacted]"),
+        (f"/FEEDS/0017.MINE.{MAC}.ics", "/FEEDS/0017.MINE.[redacted].ics"),
+        (f"/elsewhere/{MAC}", "/elsewhere/[redacted]"),  # a MAC alone
+        # A decoded newline or quote is escaped again: no forged log line.
+        (f"/feeds/17.mine.{MAC}.ics?x=%0A%22", "/feeds/17.mine.[redacted].ics?x=%0A%22"),
+        (f"/%66eeds/17.mine.{MAC}.ics?x=%0A%22", "/feeds/17.mine.[redacted].ics?x=%0A%22"),
+        # Nothing secret: left as the client spelled it.
+        ("/static/css/a%20b.css", "/static/css/a%20b.css"),
+        ("/api/v1/%72eservations/?x=%0A", "/api/v1/%72eservations/?x=%0A"),
+        ("tests/reservations/test_it_refuses_an_overlapping_booking_when_the_gpus_are_taken", None),
+        ("sha256 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", None),
+        # The OIDC callback's code and state, and an API token put in a URL (accounts/redaction.py).
+        (
+            "GET /oidc/callback/?code=Sp1xl0g&state=qW3rty HTTP/1.1",
+            "GET /oidc/callback/?code=[redacted]&state=[redacted] HTTP/1.1",
+        ),
+        ("GET /oidc/callback/?%63ode=Sp1xl0g&STATE=qW3rty", "GET /oidc/callback/?code=[redacted]&STATE=[redacted]"),
+        ("/api/v1/me/?access_token=gpb_Zk3qWerty12", "/api/v1/me/?access_token=gpb_[redacted]"),
+    ],
+)
+def test_every_spelling_of_a_secret_is_redacted(text, logged):
+    assert redact_secrets(text) == (text if logged is None else logged)
 
 
 # The web server as deployed: portal/serve.py in a subprocess.
@@ -168,3 +217,30 @@ def test_daphne_logs_a_real_feed_fetch_without_its_secret(asgi_server):
     assert f"{redacted}200" in asgi_server.log()
     assert secret_of(path) not in asgi_server.log()
     assert FORGED_MAC not in asgi_server.log()
+
+
+@pytest.mark.postgres_only
+def test_daphne_logs_no_secret_of_an_encoded_feed_url(asgi_server):
+    """Issue 37: daphne decodes the path before the portal routes it, so these answer like the plain URL, while
+    its access line holds the spelling the client sent."""
+    subscriber = UserFactory(username="subscriber")
+    path = feed_path(subscriber)
+    token = path.removeprefix("/feeds/").removesuffix(".ics")
+    answers = {
+        f"/%66eeds/{token}.ics": 200,
+        f"/feeds%2F{token}.ics": 200,
+        f"/feeds{spelled(f'/{token}.ics')}": 200,  # %2F and %2e, hex in both cases
+        f"/feeds/{spelled(token, every=True)}.ics": 200,
+        f"{path}?again={spelled(path)}": 200,
+        f"/%2566eeds/{token}.ics": 404,  # decoded once, as daphne does: not a feed, but its secret is real
+    }
+    for spelling, status in answers.items():
+        assert requests.get(f"{asgi_server.url}{spelling}", timeout=10).status_code == status, spelling
+
+    assert wait_for(lambda: asgi_server.log().count(f"/feeds/{subscriber.pk}.mine.[redacted].ics") >= 6, timeout=10), (
+        asgi_server.log()
+    )
+    written = asgi_server.log()
+    decoded = unquote(unquote(unquote(written)))
+    assert secret_of(path) not in decoded, written
+    assert secret_of(path).lower() not in decoded.lower(), written

@@ -43,6 +43,9 @@ def test_gunicorn_runs_its_processes_serves_api_and_websockets_and_logs_no_feed_
         spoofed = {"X-Forwarded-For": "203.0.113.9"}
         assert requests.get(f"{server.url}{feed}", headers=spoofed, timeout=10).status_code == 404
         assert wait_for(lambda: "/feeds/1.mine.[redacted].ics HTTP/1.1" in written(), timeout=10), written()
+        # uvicorn writes the path as the client spelled it (issue 37): encoded, it is redacted all the same.
+        assert requests.get(f"{server.url}/%66eeds%2F1%2Emine%2E{SECRET}.ics", timeout=10).status_code == 404
+        assert wait_for(lambda: written().count("/feeds/1.mine.[redacted].ics HTTP/1.1") == 2, timeout=10), written()
     finally:
         server.stop()
 
