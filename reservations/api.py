@@ -126,7 +126,9 @@ class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         summary="Move the end later",
         description="Where a new booking would wait for approval, so does the added time: the booking keeps "
         "its end, and `pending_extension` names the request (a reservation that `extends` it), which holds the "
-        "time until an admin approves (merging it into this booking) or rejects it.",
+        "time until an admin approves (merging it into this booking) or rejects it. A booking still waiting for "
+        "approval, or an extension request, is never lengthened (409 `invalid_state`): the admin approves what "
+        "they saw.",
         request=ExtendInput,
         responses={200: ReservationSerializer, **ERRORS},
     )

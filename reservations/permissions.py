@@ -46,7 +46,9 @@ def allowed_actions(
             allowed.add("cancel")
         if started and not is_request:
             allowed.add("release")
-        if not extension_waiting:
+        # One waiting for approval is never lengthened: the admin approves what they saw (an extension
+        # request included; the service's refusal says to withdraw it and ask again).
+        if status == Status.APPROVED and not extension_waiting:
             allowed.add("extend")
     return frozenset(allowed)
 

@@ -183,10 +183,13 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
     ``extends`` this one, holds the slot and opens nothing until an admin approves it; the approved
     part stays approved and enforced. The booking is returned either way (look for its pending
     extension with ``selectors.pending_extension``).
+
+    A booking still waiting for approval, or an extension request, is never lengthened: the admin
+    approves what they saw (docs/booking-rules.md, "Extending").
     """
     _require_aware(end, "end")
     new_end = ceil_to_grid(end)
-    current = Reservation.objects.select_related("user", "extends").filter(pk=reservation.pk).first()
+    current = Reservation.objects.filter(pk=reservation.pk).first()
     if current is None:  # an extension approved meanwhile
         raise _merged_meanwhile(reservation.pk)
     gpu_ids = list(current.allocations.values_list("gpu_id", flat=True))
@@ -195,6 +198,7 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
         locked = _lock(reservation.pk)
         _require_owner_or_admin(actor, locked, "extend")
         _require_status(locked, Reservation.LIVE_STATUSES, "extended")
+        _require_decided(locked)
         now = timezone.now()
         if locked.end <= now:
             raise InvalidState(
@@ -229,11 +233,9 @@ def reservation_extend(*, reservation: Reservation, actor: Any, end: datetime) -
         )
         limits = effective_limits(locked.user)
         if not actor.is_booking_admin:
-            # A waiting extension made longer is judged with its booking: the slot approval would make.
-            whole_start = current.extends.start if current.extends is not None else locked.start
             check_limits(
                 limits=limits,
-                slot=(whole_start, new_end),
+                slot=(locked.start, new_end),
                 asked=Period(locked.end, new_end, _share(gpus)),
                 held=_held(limits, user=locked.user, start=locked.end, end=new_end),
                 now=now,
@@ -607,6 +609,25 @@ def _require_status(reservation: Reservation, allowed: Sequence[str], becoming: 
             f"Reservation #{reservation.pk} is {reservation.get_status_display().lower()} and cannot be {becoming}.",
             status=reservation.status,
         )
+
+
+def _require_decided(reservation: Reservation) -> None:
+    """An admin approves the slot they looked at: lengthening one that waits for them would have them approve
+    more than they saw. Refused for everyone, admins too (they approve first, then extend)."""
+    if reservation.status != Status.PENDING:
+        return
+    if reservation.extends_id is not None:
+        raise InvalidState(
+            f"Extension request #{reservation.pk} waits for an admin's approval and cannot be made longer: the admin "
+            f"approves the time they saw. Withdraw it and extend reservation #{reservation.extends_id} again to the "
+            "later end, or wait for the decision and extend then.",
+            status=reservation.status,
+        )
+    raise InvalidState(
+        f"Reservation #{reservation.pk} waits for an admin's approval and cannot be extended: the admin approves the "
+        "slot they saw. Wait for the decision and extend it then, or cancel it and book the longer slot.",
+        status=reservation.status,
+    )
 
 
 def _changed(

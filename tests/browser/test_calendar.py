@@ -175,6 +175,26 @@ def test_dragging_the_end_of_an_own_booking_extends_it(page, live_server, alice,
     assert booking.end == tomorrow_at(13)
 
 
+def test_your_booking_waiting_for_approval_offers_no_extension(page, live_server, alice, node, gpus):
+    """Issue 37: the admin approves the slot they saw, so a pending booking's end cannot be dragged (it is a block,
+    not an event) and its dialog offers cancelling, not extending."""
+    node.requires_approval = True
+    node.save()
+    pending = reservation_create(user=alice, gpus=[gpus[0]], start=tomorrow_at(10), end=tomorrow_at(11))
+    log_in(page, live_server, "alice")
+    open_tomorrow(page)
+
+    expect(event(page, pending)).to_have_count(0)
+    block(page, pending).click()
+    dialog = page.locator("#reservation-dialog")
+    expect(dialog.get_by_role("heading")).to_have_text(f"Your booking #{pending.pk}")
+    expect(dialog.get_by_role("button", name="Cancel booking")).to_be_visible()
+    expect(dialog.get_by_role("button", name="+1 hour")).to_be_hidden()
+    expect(dialog.get_by_role("button", name="Extend to this end")).to_be_hidden()
+    pending.refresh_from_db()
+    assert (pending.status, pending.end) == (Reservation.Status.PENDING, tomorrow_at(11))
+
+
 def test_an_admin_approves_a_pending_request_and_the_researcher_sees_it(browser, live_server, alice, carol, node, gpus):
     node.requires_approval = True
     node.save()

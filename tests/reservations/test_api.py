@@ -163,7 +163,7 @@ ACTIONS = [
 @pytest.mark.parametrize(("name", "body"), ACTIONS)
 def test_authorization_matrix_for_actions(alice, bob, carol, gpus, node, name, body):
     """anonymous: 401; another researcher: 404; the owner: allowed except approve/reject (403);
-    an admin: allowed."""
+    an admin: allowed. Extending is allowed to both, but these bookings wait for approval: 409."""
     node.requires_approval = True
     node.save()
 
@@ -172,8 +172,9 @@ def test_authorization_matrix_for_actions(alice, bob, carol, gpus, node, name, b
     def fresh():
         return book(alice, gpus[:1], start, at(2))
 
-    expected_owner = 403 if name in {"approve", "reject"} else 200
-    for who, expected in [(None, 401), (bob, 404), (alice, expected_owner), (carol, 200)]:
+    expected_owner = 403 if name in {"approve", "reject"} else 409 if name == "extend" else 200
+    expected_admin = 409 if name == "extend" else 200
+    for who, expected in [(None, 401), (bob, 404), (alice, expected_owner), (carol, expected_admin)]:
         reservation = fresh()
         response = client_for(who).post(f"{URL}{reservation.pk}/{name}/", body, format="json")
         assert response.status_code == expected, (who, response.json())
@@ -218,6 +219,34 @@ def test_extend_refusal_is_a_409_and_changes_nothing(alice, bob, gpus):
     assert response.status_code == 409
     reservation.refresh_from_db()
     assert reservation.end == at(2)
+
+
+def test_extending_a_booking_that_waits_for_approval_is_a_409_that_says_what_to_do(alice, carol, gpus, node):
+    """Issue 37: the admin approves the slot they saw, never one lengthened meanwhile."""
+    node.requires_approval = True
+    node.save()
+    reservation = reservation_create(user=alice, gpus=gpus[:1], start=at(1), end=at(2))
+
+    for who in (alice, carol):
+        response = client_for(who).post(
+            f"{URL}{reservation.pk}/extend/", {"end": at(1, days=1).isoformat()}, format="json"
+        )
+        assert response.status_code == 409
+        error = response.json()["error"]
+        assert error["code"] == "invalid_state"
+        assert error["message"] == (
+            f"Reservation #{reservation.pk} waits for an admin's approval and cannot be extended: the admin approves "
+            "the slot they saw. Wait for the decision and extend it then, or cancel it and book the longer slot."
+        )
+    reservation.refresh_from_db()
+    assert (reservation.status, reservation.end) == ("pending", at(2))
+    assert not Reservation.objects.filter(extends=reservation).exists()
+
+    assert client_for(carol).post(f"{URL}{reservation.pk}/approve/", {}, format="json").status_code == 200
+    extended = client_for(alice).post(f"{URL}{reservation.pk}/extend/", {"end": iso(3)}, format="json")
+    assert extended.status_code == 200  # once approved, the added time is a request of its own
+    body = extended.json()
+    assert (body["end"], body["pending_extension"]["end"]) == ("2030-01-07T11:00:00Z", "2030-01-07T12:00:00Z")
 
 
 def test_listing_costs_the_same_queries_whatever_the_data(alice, gpus):

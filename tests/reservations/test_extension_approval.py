@@ -143,14 +143,36 @@ def test_an_extension_waits_in_a_queue_of_one(running, alice):
         reservation_extend(reservation=running, actor=alice, end=at(5))
 
 
-def test_the_request_itself_can_be_made_longer_while_it_waits(running, alice):
-    reservation_extend(reservation=running, actor=alice, end=at(3))
+@pytest.mark.parametrize("actor", ["alice", "carol"])
+def test_the_request_itself_is_never_made_longer_while_it_waits(running, actor, request):
+    """Issue 37: the admin approves the time they saw. Withdrawing it and asking again is the way."""
+    reservation_extend(reservation=running, actor=request.getfixturevalue("alice"), end=at(3))
     waiting = selectors.pending_extension(running)
 
-    reservation_extend(reservation=waiting, actor=alice, end=at(5))
+    with pytest.raises(InvalidState, match=f"Extension request #{waiting.pk} waits for an admin's approval") as refused:
+        reservation_extend(reservation=waiting, actor=request.getfixturevalue(actor), end=at(5))
 
+    assert f"Withdraw it and extend reservation #{running.pk} again to the later end" in str(refused.value)
     waiting.refresh_from_db()
-    assert (waiting.status, waiting.end) == (Status.PENDING, at(5))
+    assert (waiting.status, waiting.end) == (Status.PENDING, at(3))
+    alice = request.getfixturevalue("alice")
+    reservation_cancel(reservation=waiting, actor=alice)
+    reservation_extend(reservation=running, actor=alice, end=at(5))
+    assert selectors.pending_extension(running).end == at(5)
+
+
+def test_a_booking_waiting_for_approval_is_never_extended(alice, carol, gpus, approval_node):
+    """Issue 37: extending it used to lengthen it in place, still pending, so the admin approved 24 hours for the
+    one they had looked at."""
+    booking = reservation_create(user=alice, gpus=gpus[:1], start=at(1), end=at(2))
+    for actor in (alice, carol):
+        with pytest.raises(InvalidState, match="waits for an admin's approval and cannot be extended"):
+            reservation_extend(reservation=booking, actor=actor, end=at(1, days=1))
+
+    booking.refresh_from_db()
+    assert (booking.status, booking.end) == (Status.PENDING, at(2))
+    assert list(booking.allocations.values_list("end", flat=True)) == [at(2)]
+    assert not AuditEntry.objects.filter(action="reservation.extend", target_id=str(booking.pk)).exists()
 
 
 @pytest.mark.parametrize("end_it", ["cancel", "release"])
@@ -275,14 +297,45 @@ def test_the_pages_say_the_extension_waits_and_the_admin_decides_there(running, 
     ]
 
 
-def test_lengthening_the_request_is_judged_with_its_booking(running, alice, settings):
+def test_an_extension_is_judged_with_its_booking(running, alice, settings):
     """The longest slot counts from the booking's start, as the merged booking would run."""
     settings.MAX_SLOT_HOURS = 10
-    reservation_extend(reservation=running, actor=alice, end=at(6))
-    waiting = selectors.pending_extension(running)
 
     with pytest.raises(LimitExceeded, match="longest slot: 16 hours asked > 10 allowed"):
-        reservation_extend(reservation=waiting, actor=alice, end=at(16))
+        reservation_extend(reservation=running, actor=alice, end=at(16))
+    assert selectors.pending_extension(running) is None
+
+
+def test_the_approvals_page_approves_the_slot_it_showed(alice, carol, gpus, approval_node):
+    """The page shows the pending booking's slot; extending it meanwhile is refused (on the booking's page the
+    control is gone and says why), so Approve approves exactly what the admin read."""
+    booking = reservation_create(user=alice, gpus=gpus[:1], start=at(1), end=at(2))
+    admin = Client()
+    admin.force_login(carol)
+    shown = admin.get(reverse("pending-approvals")).content.decode()
+    assert f'id="reservation-{booking.pk}"' in shown
+    assert "Mon 7 Jan 2030, 10:00 – 11:00" in " ".join(shown.split())
+
+    researcher = Client()
+    researcher.force_login(alice)
+    detail = researcher.get(reverse("reservation-detail", args=[booking.pk])).content.decode()
+    assert reverse("reservation-action", args=[booking.pk, "extend"]) not in detail
+    assert "A booking waiting for approval cannot be extended" in detail
+    mine = researcher.get(reverse("my-reservations")).content.decode()
+    assert reverse("reservation-action", args=[booking.pk, "extend"]) not in mine
+    refused = researcher.post(
+        reverse("reservation-action", args=[booking.pk, "extend"]), {"hours": "4"}, follow=True
+    )  # a form kept open in another tab
+    assert [str(m) for m in refused.context["messages"]] == [
+        f"Reservation #{booking.pk} waits for an admin's approval and cannot be extended: the admin approves the "
+        "slot they saw. Wait for the decision and extend it then, or cancel it and book the longer slot."
+    ]
+
+    approved = admin.post(reverse("reservation-action", args=[booking.pk, "approve"]), {"reason": ""}, follow=True)
+
+    assert approved.status_code == 200
+    booking.refresh_from_db()
+    assert (booking.status, booking.start, booking.end) == (Status.APPROVED, at(1), at(2))
 
 
 def test_acting_on_an_extension_merged_meanwhile_answers_in_words(running, alice, carol):

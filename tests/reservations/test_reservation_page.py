@@ -270,8 +270,10 @@ def test_bad_ids_are_404_never_500(alice, path):
 def test_an_admin_is_offered_approve_and_reject_on_a_pending_booking(alice, carol, approval_node):
     booking = reservation_create(user=alice, gpus=list(approval_node.gpus.all()), start=at(1), end=at(3))
 
-    assert forms_in(section(shown(carol, booking), "actions")) == {"approve", "reject", "cancel", "extend"}
-    assert forms_in(section(shown(alice, booking), "actions")) == {"cancel", "extend"}
+    # Never extended while it waits: the admin approves the slot they saw (issue 37).
+    assert forms_in(section(shown(carol, booking), "actions")) == {"approve", "reject", "cancel"}
+    assert forms_in(section(shown(alice, booking), "actions")) == {"cancel"}
+    assert "A booking waiting for approval cannot be extended" in section(shown(alice, booking), "actions")
 
 
 def test_the_actions_follow_the_bookings_state(alice, carol, gpus, clock):
