@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import dj_database_url
 import dj_email_url
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from kernel.db_pool import RECONNECT_SECONDS, try_again
@@ -83,6 +84,23 @@ SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", False)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = envstr("SECURE_REFERRER_POLICY", "same-origin")
 X_FRAME_OPTIONS = "DENY"
+# Content-Security-Policy on every response (django-csp, kernel/csp.py adds the websocket origin; docs/security.md).
+# No inline script, style, event handler or eval anywhere: pages load their code from static/js/ and take their
+# data from json_script or data- attributes. Scripts and styles come from the portal itself, data: only for the
+# images of Swagger UI's stylesheet.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
 SILENCED_SYSTEM_CHECKS = envlist("SILENCED_SYSTEM_CHECKS", [])
 if not SECURE_HSTS_PRELOAD:
     # Asking browsers to preload the domain is a separate, hard-to-undo decision (hstspreload.org),
@@ -127,6 +145,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Near the top, so that every response carries the policy, whatever middleware below answered it.
+    "kernel.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

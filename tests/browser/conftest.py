@@ -22,7 +22,7 @@ from nodes.models import Gpu
 from nodes.services import gpu_drain
 from reservations.models import MaintenanceWindow, ReservedCapacity
 from reservations.services import reservation_cancel, reservation_create
-from tests.browser.helpers import CHROMIUM_ARGS, chromium_path, save_screenshot, tomorrow_at
+from tests.browser.helpers import CHROMIUM_ARGS, chromium_path, save_screenshot, tomorrow_at, watch_csp
 from tests.factories import book, node_with_gpus
 from tests.live.server import heartbeat, post_agent, telemetry
 from waitlist.services import Want, entry_join
@@ -46,6 +46,28 @@ def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
 @pytest.fixture(scope="session")
 def browser_context_args(browser_context_args: dict) -> dict:
     return {**browser_context_args, "viewport": {"width": 1400, "height": 900}, "timezone_id": "Europe/Berlin"}
+
+
+@pytest.fixture(autouse=True)
+def no_csp_violation(browser, monkeypatch):
+    """No browser test sees the Content-Security-Policy (kernel/csp.py) refuse anything: every browser context or page
+    a test opens (pytest-playwright's ``page`` included) is watched, and a violation anywhere fails the test. A test
+    that causes violations on purpose takes this fixture (the list of what was refused) and empties it."""
+    violations: list[str] = []
+    new_context, new_page = browser.new_context, browser.new_page
+
+    def watched(make):
+        def make_watched(**kwargs):
+            made = make(**kwargs)
+            watch_csp(made, violations.append)
+            return made
+
+        return make_watched
+
+    monkeypatch.setattr(browser, "new_context", watched(new_context))
+    monkeypatch.setattr(browser, "new_page", watched(new_page))
+    yield violations
+    assert not violations, "the Content-Security-Policy refused:\n" + "\n".join(violations)
 
 
 @pytest.fixture

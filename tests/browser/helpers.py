@@ -7,9 +7,11 @@ before Django is set up, so nothing here imports the portal's apps at import tim
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
+from collections.abc import Callable
 from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
 
@@ -73,12 +75,43 @@ def save_screenshot(page, name: str) -> Path:
     return path
 
 
+# --- the Content-Security-Policy (kernel/csp.py) ----------------------------------------------------
+
+# Runs in every page and frame before the page's own scripts (an init script, which the policy does not govern):
+# each violation of the policy, reported to Python through a binding (%s: its name).
+CSP_LISTENER = """
+document.addEventListener('securitypolicyviolation', (event) => {
+  window.%s(`${event.effectiveDirective} refused ${event.blockedURI || 'inline'} `
+    + `at ${event.sourceFile || event.documentURI}:${event.lineNumber} on ${event.documentURI}`
+    + (event.sample ? `: ${event.sample}` : ''));
+}, true);
+"""
+_bindings = itertools.count()
+
+
+def watch_csp(target, report: Callable[[str], None]) -> None:
+    """Call ``report`` with a line for every Content-Security-Policy violation (the ``securitypolicyviolation``
+    event) in ``target``, a browser context or one page, from now on. Each call has a binding of its own, so a
+    page and its context can both be watched."""
+    name = f"__cspViolation{next(_bindings)}"
+    target.expose_function(name, lambda text: report(text))  # a plain function: Playwright tags it
+    target.add_init_script(CSP_LISTENER % name)
+
+
+def is_csp_message(text: str) -> bool:
+    """A console line of Chromium's about a violation of the page's Content-Security-Policy ("Refused to load the
+    script ...", "Applying inline style violates the following Content Security Policy directive ...")."""
+    return "Content Security Policy" in text or "Refused to" in text
+
+
 class Problems:
-    """What went wrong on a page since the last ``take()``: console errors and uncaught script errors,
-    and, with ``requests``, failed or refused (4xx, 5xx) requests."""
+    """What went wrong on a page since the last ``take()``: console errors, uncaught script errors and every
+    violation of the Content-Security-Policy (as the page's event and as a console line of any level), and, with
+    ``requests``, failed or refused (4xx, 5xx) requests."""
 
     def __init__(self, page: Page, *, requests: bool = True) -> None:
         self.seen: list[str] = []
+        watch_csp(page, lambda violation: self.seen.append(f"csp: {violation}"))
         page.on("console", self.console)
         page.on("pageerror", lambda error: self.seen.append(f"uncaught: {error}"))
         if requests:
@@ -86,7 +119,7 @@ class Problems:
             page.on("response", self.response)
 
     def console(self, message) -> None:
-        if message.type == "error":
+        if message.type == "error" or is_csp_message(message.text):
             self.seen.append(f"console: {message.text} ({message.location.get('url')})")
 
     def response(self, response) -> None:

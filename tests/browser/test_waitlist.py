@@ -87,7 +87,9 @@ def test_an_offer_appears_on_the_waitlist_page_without_a_reload(asgi_server, liv
     claim.evaluate("button => { button.kept = true; }")  # a property, not markup: gone if the button is replaced
     refreshes = page.evaluate("Number(document.body.dataset.waitlistRefreshes || 0)")
     reservation_create(user=admin, gpus=[gpus[1]], start=tomorrow_at(14), end=tomorrow_at(15))
-    page.wait_for_function(f"Number(document.body.dataset.waitlistRefreshes || 0) > {refreshes}")
+    # A function, not an expression: Playwright evaluates an expression with the page's eval(), which the
+    # Content-Security-Policy refuses.
+    page.wait_for_function("(before) => Number(document.body.dataset.waitlistRefreshes || 0) > before", arg=refreshes)
     assert page.evaluate("document.activeElement.kept") is True
     claim.click()
     expect(page.locator(".messages")).to_contain_text("The slot is yours")
