@@ -33,6 +33,7 @@ REFRESH = timedelta(hours=1)
 _ICAL_STATUS = {
     Status.APPROVED: "CONFIRMED",
     Status.PENDING: "TENTATIVE",
+    Status.OFFERED: "TENTATIVE",  # held for its person from the waitlist until they claim or decline it
     Status.CANCELLED: "CANCELLED",
     Status.REJECTED: "CANCELLED",
 }
@@ -64,6 +65,8 @@ def summary(booking: FeedBooking, context: FeedContext) -> str:
         text = f"{gpu_list(booking)} on {booking.node}"
     if booking.status == Status.PENDING:
         text += " (pending approval)"
+    elif booking.status == Status.OFFERED:
+        text += " (offered from the waitlist)"
     elif booking.status in (Status.CANCELLED, Status.REJECTED):
         text += f" ({booking.status})"
     return text
@@ -76,6 +79,7 @@ def owner_description(booking: FeedBooking, context: FeedContext) -> str:
     state = {
         Status.APPROVED: "approved",
         Status.PENDING: "pending approval: the GPUs are yours only once an admin approves it",
+        Status.OFFERED: "offered from the waitlist: claim or decline it on your waitlist before it passes on",
         Status.CANCELLED: "cancelled",
         Status.REJECTED: "rejected",
     }[Status(booking.status)]

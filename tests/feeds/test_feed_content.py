@@ -8,6 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from reservations.models import Reservation
 from reservations.services import (
     reservation_approve,
     reservation_cancel,
@@ -17,6 +18,7 @@ from reservations.services import (
 )
 from tests.conftest import at
 from tests.factories import UserFactory, book, node_with_gpus
+from waitlist.services import Want, entry_join, offer_claim
 
 from .conftest import event_of, events, feed_path, fetch, instant, parse, read_feed, text
 
@@ -96,6 +98,28 @@ def test_pending_bookings_are_tentative_until_approved(alice, carol, node, gpus)
     assert text(event, "summary") == "gpu-a100: GPU 0"
     assert int(text(event, "sequence")) == 1
     assert "ssh alice@" in text(event, "description")
+
+
+def test_a_slot_offered_from_the_waitlist_is_tentative_until_claimed(
+    alice, bob, node, gpus, django_capture_on_commit_callbacks
+):
+    taken = book(bob, gpus[:1], at(1), at(3))
+    want = Want(gpus=gpus[:1], earliest_start=at(1), latest_end=at(3), duration=timedelta(hours=2), auto_book=False)
+    entry = entry_join(user=alice, want=want)
+    with django_capture_on_commit_callbacks(execute=True):  # the offer is made once the cancel commits
+        reservation_cancel(reservation=taken, actor=bob)
+    entry.refresh_from_db()
+    offer = entry.reservation
+    assert offer.status == Reservation.Status.OFFERED
+
+    event = event_of(read_feed(alice), offer)
+    assert text(event, "status") == "TENTATIVE"
+    assert text(event, "summary") == "gpu-a100: GPU 0 (offered from the waitlist)"
+    assert "claim or decline it on your waitlist" in text(event, "description")
+    assert text(event_of(read_feed(bob, node), offer), "status") == "TENTATIVE"
+
+    offer_claim(entry=entry, actor=alice)
+    assert text(event_of(read_feed(alice), offer), "status") == "CONFIRMED"
 
 
 def test_cancelled_and_rejected_bookings_stay_as_cancelled_events_with_a_higher_sequence(alice, bob, carol, node, gpus):
