@@ -75,12 +75,12 @@ class NodeAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
     def delete_model(self, request: HttpRequest, obj: Node) -> None:
         super().delete_model(request, obj)
-        broker_users_forget([obj.name])  # a deleted node's broker user goes with it
+        broker_users_forget([obj.broker_username])  # a deleted node's broker user goes with it
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
-        names = list(queryset.values_list("name", flat=True))
+        usernames = list(queryset.values_list("broker_username", flat=True))
         super().delete_queryset(request, queryset)
-        broker_users_forget(names)
+        broker_users_forget(usernames)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
         return super().get_queryset(request).select_related("agent_state").annotate(gpu_total=Count("gpus"))

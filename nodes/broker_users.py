@@ -2,11 +2,11 @@
 
 With the portal's own broker URL in every agent's config, anyone holding one node's config could read,
 pop or delete another node's snapshots, put tasks on the portal's queue, publish into the websocket
-layer and FLUSHALL. So each node gets its own Redis user, ``node-<name>``, allowed exactly what the
+layer and FLUSHALL. So each node gets its own Redis user, ``<prefix><name>``, allowed exactly what the
 agent's Celery consumer sends (found by watching it with MONITOR and ACL LOG; docs/agent.md, "The
 broker")::
 
-    ACL SETUSER node-<name> reset on #<sha256 of the password> ~node.<name> resetchannels -@all +ping +brpop
+    ACL SETUSER <prefix><name> reset on #<sha256 of the password> ~node.<name> resetchannels -@all +ping +brpop
 
 plus ``+select`` when the queues live in a database other than 0. ``~node.<name>`` is one exact key:
 the agent keeps ``priority_steps=[0]`` (no priority sub-keys) and no ack emulation (no shared
@@ -20,6 +20,14 @@ docker-compose at start. The passwords are 32 random bytes, so an unsalted hash 
 Rotation sets the new password and then ends the connections already logged in with the old one,
 which a password change alone would leave open.
 
+Redis ACL users belong to a whole server, not to one database, so two portals on one Redis (production and
+staging, a test run beside the demo) would replace each other's users were the names only the nodes'. Each
+portal's users start with a prefix of its own (``NODE_BROKER_USER_PREFIX``, by default a hash of its address
+and database: ``default_user_prefix``), and the sync removes no user outside it. The prefix ends with the
+one '.' of the name, which no node name holds, so one portal's names can never be another's. Each node keeps
+its user's name in its row, so users made before prefixes (``node-<name>``, migration nodes/0018) keep
+working until the node's credentials are issued again, and a changed prefix renames nothing that exists.
+
 The users live on the nodes' broker (NODE_BROKER_URL, nodes/node_broker.py: a Redis of the nodes' own, or by
 default the portal's), and the portal manages them through its own connection to it, whose Redis user must
 be allowed ``ACL`` and ``CLIENT KILL``. A nodes' broker a node has filled up (maxclients) refuses that
@@ -30,30 +38,43 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import secrets
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from kombu.utils.url import maybe_sanitize_url
 
 from gpubook_agent.protocol import queue_name
-from nodes.models import Node
+from kernel.locks import advisory_xact_lock
+from nodes.models import Node, validate_node_name
 
 log = logging.getLogger(__name__)
 
-BROKER_USER_PREFIX = "node-"
+# The name of every node's user before portals had prefixes of their own (migration nodes/0018).
+LEGACY_USER_PREFIX = "node-"
+# A prefix: letters, digits, '-' and '_', then the name's one '.' (node names hold none).
+USER_PREFIX_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,39}\.\Z")
 REDIS_SCHEMES = ("redis", "rediss")
 TIMEOUT_SECONDS = 5
 # What the agent's consumer sends, and nothing more (docs/agent.md lists each command and why).
 AGENT_COMMANDS = ("-@all", "+ping", "+brpop")
 # What the portal's Redis user on the nodes' broker must be allowed for this module to work.
-MANAGER_COMMANDS = (("ACL", "SETUSER"), ("ACL", "GETUSER"), ("ACL", "DELUSER"), ("CLIENT", "KILL"))
+MANAGER_COMMANDS = (
+    ("ACL", "SETUSER"),
+    ("ACL", "GETUSER"),
+    ("ACL", "DELUSER"),
+    ("ACL", "USERS"),
+    ("CLIENT", "KILL"),
+)
 DISABLE_HINT = (
     "or set NODE_BROKER_USERS=false to give every node the portal's own credential for the nodes' broker "
     "(one node's config then opens every queue)"
@@ -64,8 +85,47 @@ class BrokerUserError(Exception):
     """The broker could not make or change a node's user; the message says why and what to do."""
 
 
+def default_user_prefix() -> str:
+    """``gpubook-<8 hex>.``: a hash of PORTAL_URL and the database the portal keeps its nodes in.
+
+    Both come from the configuration, so every process of one portal (web, worker, beat, a manage.py command)
+    and every restart finds the same prefix; production and staging differ in both, even a staging restored
+    from production's dump, which shares its rows and its SECRET_KEY. Not the SECRET_KEY: nothing public should
+    be derived from a secret, and rotating it must not rename anything. Should the address or the database
+    move, the nodes keep the names stored with them; only credentials issued afterwards take the new prefix."""
+    return prefix_for(portal_url=settings.PORTAL_URL, database=settings.DATABASES["default"])
+
+
+def prefix_for(*, portal_url: str, database: Mapping[str, Any]) -> str:
+    if "sqlite" in database["ENGINE"]:
+        where = str(Path(database["NAME"]).resolve())
+    else:
+        where = f"{database.get('HOST') or 'localhost'}:{database.get('PORT') or ''}/{database['NAME']}"
+    identity = f"{portal_url.rstrip('/')}\n{where}"
+    return f"gpubook-{hashlib.sha256(identity.encode()).hexdigest()[:8]}."
+
+
+def user_prefix() -> str:
+    """This portal's prefix: NODE_BROKER_USER_PREFIX, or one derived from its identity."""
+    return settings.NODE_BROKER_USER_PREFIX or default_user_prefix()
+
+
 def broker_username(node_name: str) -> str:
-    return f"{BROKER_USER_PREFIX}{node_name}"
+    """The name this portal gives ``node_name``'s user now (an existing user keeps the one stored with its node)."""
+    return f"{user_prefix()}{node_name}"
+
+
+def own_node_name(username: str, prefix: str) -> str | None:
+    """The node a Redis user named ``username`` would be under ``prefix``, or None when it is not one of ours
+    (another portal's, a legacy ``node-<name>``, the portal's own login)."""
+    head, dot, name = username.partition(".")
+    if not dot or f"{head}." != prefix:
+        return None
+    try:
+        validate_node_name(name)
+    except ValidationError:
+        return None
+    return name
 
 
 def new_password() -> str:
@@ -77,7 +137,7 @@ def password_hash(password: str) -> str:
     return hashlib.sha256(password.encode()).hexdigest()
 
 
-def agent_broker_url(*, node_name: str, password: str | None) -> str:
+def agent_broker_url(*, username: str, password: str | None) -> str:
     """The BROKER_URL for a node's agent: AGENT_BROKER_URL with the node's user and password (or as it is,
     the portal's own credential, with ``password=None``)."""
     url = settings.AGENT_BROKER_URL
@@ -85,18 +145,20 @@ def agent_broker_url(*, node_name: str, password: str | None) -> str:
         return url
     parts = urlsplit(url)
     address = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{broker_username(node_name)}:{password}@{address}"))
+    return urlunsplit(parts._replace(netloc=f"{username}:{password}@{address}"))
 
 
 def broker_url_still_valid(node: Node, url: str) -> bool:
-    """Whether ``url`` is the BROKER_URL ``node``'s agent was last given (the demo keeps such configs)."""
+    """Whether ``url`` is the BROKER_URL ``node``'s agent was last given, under this portal's prefix (the demo
+    keeps such configs, and gives a node whose user still has its name from before prefixes a new one)."""
     if not settings.NODE_BROKER_USERS:
         return url == settings.AGENT_BROKER_URL and not node.broker_password_hash
     password = urlsplit(url).password or ""
     return (
         bool(password and node.broker_password_hash)
         and password_hash(password) == node.broker_password_hash
-        and url == agent_broker_url(node_name=node.name, password=password)
+        and node.broker_username == broker_username(node.name)
+        and url == agent_broker_url(username=node.broker_username, password=password)
     )
 
 
@@ -125,6 +187,13 @@ def _shown(url: str) -> str:
 def settings_problem() -> str | None:
     """What keeps per-node users from working whatever the server says, or None."""
     portal, agents = settings.NODE_BROKER_URL, settings.AGENT_BROKER_URL
+    prefix = settings.NODE_BROKER_USER_PREFIX
+    if prefix and not USER_PREFIX_PATTERN.match(prefix):
+        return (
+            f"NODE_BROKER_USER_PREFIX {prefix!r} is not a prefix for Redis user names: use up to 40 letters, digits, "
+            "'-' and '_', then a '.' (e.g. 'gpubook-staging.'), or leave it empty for one derived from PORTAL_URL "
+            "and the database"
+        )
     if urlsplit(portal).scheme not in REDIS_SCHEMES or urlsplit(agents).scheme not in REDIS_SCHEMES:
         return (
             "NODE_BROKER_USERS needs a Redis broker (redis:// or rediss://), and the nodes' broker is "
@@ -172,10 +241,18 @@ def _explain(error: redis.ResponseError, url: str, action: str) -> str:
     return f"the broker at {_shown(url)} refused to {action}: {text}"
 
 
-def broker_user_set(*, node_name: str, password_sha256: str, end_sessions: bool) -> None:
-    """Create or replace ``node_name``'s user; ``end_sessions`` also disconnects whoever is logged in as it
-    (rotation: ``ACL SETUSER`` changes the password for new logins only)."""
-    username = broker_username(node_name)
+def lock_broker_user(username: str) -> None:
+    """Until the caller's transaction ends, keep the sync from taking ``username`` for a leftover: a node being
+    registered has its user in Redis before its row is committed (nodes/services.py)."""
+    advisory_xact_lock(f"broker-user:{username}")
+
+
+def broker_user_set(
+    *, username: str, node_name: str, password_sha256: str, end_sessions: bool, replaces: str = ""
+) -> None:
+    """Create or replace ``node_name``'s user ``username``; ``end_sessions`` also disconnects whoever is logged in
+    as it (rotation: ``ACL SETUSER`` changes the password for new logins only); ``replaces`` names the node's
+    user before, removed with its sessions (a name from before prefixes)."""
     with _manager(f"create the broker user {username}") as client:
         # One MULTI/EXEC: a portal user allowed ACL but not CLIENT KILL aborts both at queue time, rather than
         # leaving a new password in Redis that nobody holds while the database rolls back.
@@ -185,28 +262,31 @@ def broker_user_set(*, node_name: str, password_sha256: str, end_sessions: bool)
         )
         if end_sessions:
             pipe.execute_command("CLIENT", "KILL", "USER", username)
+        if replaces and replaces != username:
+            pipe.execute_command("ACL", "DELUSER", replaces)
         pipe.execute()
 
 
-def broker_user_delete(node_name: str) -> None:
-    """Remove ``node_name``'s user; Redis disconnects its sessions with it."""
-    username = broker_username(node_name)
+def broker_user_delete(username: str) -> None:
+    """Remove the user ``username``; Redis disconnects its sessions with it."""
     with _manager(f"remove the broker user {username}") as client:
         client.execute_command("ACL", "DELUSER", username)
 
 
-def broker_users_forget(node_names: list[str]) -> None:
-    """Once the deletion of these nodes commits, remove their users too. Best effort: a user left behind
-    can take only the queue of a node nobody pushes to any more, and registering the name again replaces it."""
-    if not settings.NODE_BROKER_USERS or not node_names:
+def broker_users_forget(usernames: list[str]) -> None:
+    """Once the deletion of the nodes these users belong to commits, remove the users too. Best effort: the sync
+    removes a user of this portal's prefix left behind, and one with a name from before prefixes can take only the
+    queue of a node nobody pushes to any more, and registering the name again replaces it."""
+    usernames = [name for name in usernames if name]
+    if not settings.NODE_BROKER_USERS or not usernames:
         return
 
     def forget() -> None:
-        for name in node_names:
+        for username in usernames:
             try:
-                broker_user_delete(name)
+                broker_user_delete(username)
             except BrokerUserError as error:
-                log.warning("the deleted node %s keeps its broker user: %s", name, error)
+                log.warning("the deleted node's broker user %s is left: %s", username, error)
 
     transaction.on_commit(forget)
 
@@ -250,47 +330,68 @@ def _user_matches(reply: Any, *, node_name: str, password_sha256: str) -> bool:
 @dataclass(frozen=True)
 class SyncResult:
     checked: int = 0
-    repaired: list[str] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)  # nodes whose user was re-created or put back
+    removed: list[str] = field(default_factory=list)  # users of this portal's prefix that no node has
 
 
 def broker_users_sync() -> SyncResult:
     """Make every node's broker user what its stored hash says: re-create those Redis lost (a restart
-    without an ACL file), put back those someone changed. Idempotent; nothing to do costs one round trip.
+    without an ACL file), put back those someone changed; and remove the users under this portal's prefix
+    that no node of its has (a deletion whose removal failed, a registration rolled back). No other user is
+    touched: another portal's on the same Redis, a name from before prefixes that no node has, anyone's own.
+    Idempotent; nothing to do costs one round trip.
 
-    Each repair re-reads the node's hash under its row lock, as rotation writes it: a sync that read the
-    hash just before a rotation can never put the old password back."""
+    Each repair re-reads the node's user under its row lock, as rotation writes it: a sync that read the hash
+    just before a rotation can never put the old password back. Each removal happens under the user's lock and
+    after the database said again that no node has it: a node being registered has its user before its row
+    is committed."""
     if not settings.NODE_BROKER_USERS:
         return SyncResult()
-    repaired = []
+    prefix = user_prefix()
+    repaired, removed = [], []
     with _manager("re-create the nodes' broker users") as client:
         nodes = list(
             Node.objects.exclude(broker_password_hash="")
+            .exclude(broker_username="")
             .order_by("name")
-            .values_list("pk", "name", "broker_password_hash")
+            .values_list("pk", "name", "broker_username", "broker_password_hash")
         )
         with client.pipeline(transaction=False) as pipe:
-            for _, name, _ in nodes:
-                pipe.execute_command("ACL", "GETUSER", broker_username(name))
-            found = pipe.execute()
-        for (pk, name, stored), reply in zip(nodes, found, strict=True):
+            for _, _, username, _ in nodes:
+                pipe.execute_command("ACL", "GETUSER", username)
+            pipe.execute_command("ACL", "USERS")
+            *found, users = pipe.execute()
+        for (pk, name, _, stored), reply in zip(nodes, found, strict=True):
             if _user_matches(reply, node_name=name, password_sha256=stored):
                 continue
             with transaction.atomic():
                 current = (
-                    Node.objects.select_for_update().filter(pk=pk).values_list("name", "broker_password_hash").first()
+                    Node.objects.select_for_update()
+                    .filter(pk=pk)
+                    .values_list("name", "broker_username", "broker_password_hash")
+                    .first()
                 )
-                if current is None or not current[1]:
+                if current is None or not current[1] or not current[2]:
                     continue
                 client.execute_command(
-                    "ACL",
-                    "SETUSER",
-                    broker_username(current[0]),
-                    *acl_rules(node_name=current[0], password_sha256=current[1]),
+                    "ACL", "SETUSER", current[1], *acl_rules(node_name=current[0], password_sha256=current[2])
                 )
             repaired.append(current[0])
+        known = {username for _, _, username, _ in nodes}
+        for username in sorted(_text(user) for user in users):
+            if username in known or own_node_name(username, prefix) is None:
+                continue
+            with transaction.atomic():
+                lock_broker_user(username)
+                if Node.objects.filter(broker_username=username).exclude(broker_password_hash="").exists():
+                    continue
+                client.execute_command("ACL", "DELUSER", username)
+            removed.append(username)
     if repaired:
         log.warning("re-created or repaired the broker users of %s", ", ".join(repaired))
-    return SyncResult(checked=len(nodes), repaired=repaired)
+    if removed:
+        log.warning("removed the broker users %s: no node of this portal has them", ", ".join(removed))
+    return SyncResult(checked=len(nodes), repaired=repaired, removed=removed)
 
 
 @dataclass(frozen=True)
@@ -341,4 +442,6 @@ def broker_probe() -> BrokerProbe:
 
 
 def _probe_args(command: tuple[str, str]) -> tuple[str, ...]:
+    if command == ("ACL", "USERS"):
+        return ()
     return ("USER", "node-probe") if command == ("CLIENT", "KILL") else ("node-probe",)

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError
 
-from nodes.broker_users import DISABLE_HINT, broker_probe, settings_problem
+from nodes.broker_users import DISABLE_HINT, LEGACY_USER_PREFIX, broker_probe, settings_problem, user_prefix
 from nodes.models import Node
 from nodes.node_broker import portal_settings_sharing_the_node_broker, shown_url
 
@@ -94,7 +94,33 @@ def check_broker_server(
                     id="nodes.W003",
                 )
             )
+        legacy = _nodes_on_legacy_usernames(alias)
+        if legacy:
+            messages.append(
+                Warning(
+                    f"{len(legacy)} node(s) have a broker user named as before portals had prefixes "
+                    f"({LEGACY_USER_PREFIX}<name>): {', '.join(legacy)}. Another portal on the same Redis with a node "
+                    "of the same name would replace that user, and its agent could no longer log in.",
+                    hint="Issue them new agent credentials (admin: Nodes, 'Issue new agent credentials', or "
+                    f"manage.py register_node NAME --rotate): their users become {user_prefix()}<name> "
+                    "(NODE_BROKER_USER_PREFIX); docs/operations.md, 'Upgrades'.",
+                    id="nodes.W005",
+                )
+            )
     return messages
+
+
+def _nodes_on_legacy_usernames(alias: str) -> list[str]:
+    try:
+        return [
+            name
+            for name, username in Node.objects.using(alias)
+            .exclude(broker_password_hash="")
+            .values_list("name", "broker_username")
+            if username == f"{LEGACY_USER_PREFIX}{name}"
+        ]
+    except DatabaseError:  # not migrated yet
+        return []
 
 
 @register(Tags.security, deploy=True)

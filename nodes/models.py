@@ -79,6 +79,10 @@ class Node(models.Model):
     # ACLs take (`#<hex>`), so the portal can re-create the user after Redis restarts without ever
     # keeping the password. Empty: the node's agent was given the portal's own broker URL.
     broker_password_hash = models.CharField(max_length=64, blank=True, editable=False)
+    # That user's name, as the agent's BROKER_URL carries it: this portal's prefix and the node's name
+    # (NODE_BROKER_USER_PREFIX), or ``node-<name>`` for a user made before portals had prefixes, which keeps
+    # working until the node's credentials are issued again. Empty with the hash.
+    broker_username = models.CharField(max_length=128, blank=True, editable=False)
     # Every snapshot sent to the node carries a higher version; the agent refuses older ones.
     lease_version = models.PositiveBigIntegerField(default=0, editable=False)
     # The idle power cap (docs/agent.md, "Power limits"): sent in every snapshot, applied by the agent.

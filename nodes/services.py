@@ -13,7 +13,15 @@ from django.utils import timezone
 
 from accounts.services import hash_token
 from audit.services import audit_record
-from nodes.broker_users import agent_broker_url, broker_user_delete, broker_user_set, new_password, password_hash
+from nodes.broker_users import (
+    agent_broker_url,
+    broker_user_delete,
+    broker_user_set,
+    broker_username,
+    lock_broker_user,
+    new_password,
+    password_hash,
+)
 from nodes.models import Gpu, Node
 from nodes.signals import gpu_drained, gpu_returned
 
@@ -69,21 +77,35 @@ def _new_credentials(node: Node) -> AgentCredentials:
     lease_secret = secrets.token_hex(32)
     agent_token = AGENT_TOKEN_PREFIX + secrets.token_urlsafe(32)
     broker_password = new_password() if settings.NODE_BROKER_USERS else None
-    had_broker_user = Node.objects.filter(pk=node.pk).exclude(broker_password_hash="").exists()  # as stored now
+    # The node's user as stored now (a name from before prefixes, or none), which the new one replaces.
+    old_username = (
+        Node.objects.filter(pk=node.pk)
+        .exclude(broker_password_hash="")
+        .values_list("broker_username", flat=True)
+        .first()
+    ) or ""
     node.lease_secret, node.agent_token_hash = lease_secret, hash_token(agent_token)
     node.broker_password_hash = password_hash(broker_password) if broker_password else ""
-    node.save(update_fields=["lease_secret", "agent_token_hash", "broker_password_hash"])
+    node.broker_username = broker_username(node.name) if broker_password else ""
+    node.save(update_fields=["lease_secret", "agent_token_hash", "broker_password_hash", "broker_username"])
     if broker_password:
-        broker_user_set(node_name=node.name, password_sha256=node.broker_password_hash, end_sessions=True)
-    elif had_broker_user:
+        lock_broker_user(node.broker_username)  # until this commits: the sync must not take it for a leftover
+        broker_user_set(
+            username=node.broker_username,
+            node_name=node.name,
+            password_sha256=node.broker_password_hash,
+            end_sessions=True,
+            replaces=old_username,
+        )
+    elif old_username:
         # Per-node users switched off since the last issue: the old user must not keep working (nor would
         # the sync remove it, as it now skips this node), so it goes, and its sessions with it.
-        broker_user_delete(node.name)
+        broker_user_delete(old_username)
     return AgentCredentials(
         node=node,
         lease_secret=lease_secret,
         agent_token=agent_token,
-        broker_url=agent_broker_url(node_name=node.name, password=broker_password),
+        broker_url=agent_broker_url(username=node.broker_username, password=broker_password),
     )
 
 

@@ -516,6 +516,11 @@ NODE_BROKER_SHARED = envbool("NODE_BROKER_SHARED", False)
 # nodes' broker, which opens every queue to every node; only for a lab that trusts all its nodes, or a broker
 # that is not Redis (whose per-node users the operator then makes by hand, as docs/agent.md says).
 NODE_BROKER_USERS = envbool("NODE_BROKER_USERS", True)
+# What this portal's node broker users' names start with (nodes/broker_users.py): Redis ACL users belong to a
+# whole server, so two portals on one Redis (production and staging, a test run beside the demo) keep apart by
+# it, and the sync removes only users under its own prefix. Letters, digits, '-' and '_', then a '.'. Empty:
+# derived from PORTAL_URL and the database (broker_users.default_user_prefix), stable across restarts.
+NODE_BROKER_USER_PREFIX = envstr("NODE_BROKER_USER_PREFIX", "")
 # The nodes' broker as the nodes reach it, when that differs from the portal's own address for it (the portal
 # on 127.0.0.1, the nodes over the network); with NODE_BROKER_USERS its user and password are replaced
 # by the node's own, and its query (rediss:// options such as ssl_ca_certs) is kept.

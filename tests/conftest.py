@@ -7,6 +7,7 @@ alice and bob are researchers, carol is an admin. ``clock`` freezes time on a Mo
 from __future__ import annotations
 
 import os
+import secrets
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -23,6 +24,11 @@ MONDAY_9 = datetime(2030, 1, 7, 9, 0, tzinfo=UTC)
 # the portal processes they start included (their environment is this one); the tests of the broker users
 # turn it on against a redis-server of their own (tests/nodes/test_broker_users.py).
 os.environ["NODE_BROKER_USERS"] = "false"
+# And every user a test makes carries this run's own prefix (nodes/broker_users.py), so that no test, and no
+# portal process a test starts, can touch a running portal's users, nor the other runs' beside it
+# (tests/nodes/test_portals_apart.py).
+TEST_BROKER_USER_PREFIX = f"gpubook-test-{secrets.token_hex(4)}."
+os.environ["NODE_BROKER_USER_PREFIX"] = TEST_BROKER_USER_PREFIX
 # A booking's status cards are built by a worker, coalesced (live/status.py). Most tests run no worker: the
 # cards are built at once, in the process that booked, as with LIVE_STATUS_COALESCE_MS=0, the portal processes
 # they start included. tests/live/test_status_coalescing.py runs the worker's path.
@@ -37,6 +43,7 @@ os.environ["TELEMETRY_INGEST"] = "inline"
 @pytest.fixture(autouse=True)
 def single_broker_credential(settings):
     settings.NODE_BROKER_USERS = False
+    settings.NODE_BROKER_USER_PREFIX = TEST_BROKER_USER_PREFIX
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,16 +27,29 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from kombu import Connection
 
-from nodes.broker_users import BrokerUserError, acl_rules, agent_broker_url, broker_username, broker_users_sync
-from nodes.checks import check_broker_password_is_not_the_example, check_broker_server, check_broker_user_settings
+from nodes.broker_users import (
+    BrokerUserError,
+    SyncResult,
+    acl_rules,
+    agent_broker_url,
+    broker_username,
+    broker_users_sync,
+    default_user_prefix,
+    own_node_name,
+    prefix_for,
+    user_prefix,
+)
+from nodes.checks import check_broker_server, check_broker_user_settings
 from nodes.models import Node
 from nodes.services import node_rotate_credentials
 from reservations.pushes import send_snapshot
 from tests.agent.harness import AgentRun, RecordingPortal, wait_for
+from tests.conftest import TEST_BROKER_USER_PREFIX
 from tests.factories import node_with_gpus
 from tests.nodes.broker_redis import AclRedis, use_for_portal
 
 REPO = Path(__file__).resolve().parents[2]
+USER_A = f"{TEST_BROKER_USER_PREFIX}gpu-a"  # gpu-a's broker user: this test run's prefix, then the node's name
 
 
 @pytest.fixture
@@ -88,13 +102,13 @@ def test_registering_prints_a_broker_url_with_the_nodes_own_user_and_keeps_only_
 
     node = Node.objects.get(name="gpu-a")
     url = redis.connection.parse_url(config["BROKER_URL"])
-    assert config["BROKER_URL"].startswith(f"redis://node-gpu-a:{url['password']}@127.0.0.1:{broker.port}/3")
-    assert url["username"] == "node-gpu-a" and url["password"] != broker.portal_password
+    assert config["BROKER_URL"].startswith(f"redis://{USER_A}:{url['password']}@127.0.0.1:{broker.port}/3")
+    assert url["username"] == USER_A and url["password"] != broker.portal_password
     assert node.broker_password_hash == hashlib.sha256(url["password"].encode()).hexdigest()
     stored = [str(value) for value in Node.objects.filter(pk=node.pk).values().get().values()]
     assert not any(url["password"] in value for value in stored)
     assert as_node(config["BROKER_URL"]).ping()
-    user = broker.admin().acl_getuser("node-gpu-a")
+    user = broker.admin().acl_getuser(USER_A)
     assert user["passwords"] == [node.broker_password_hash]
 
 
@@ -102,10 +116,10 @@ def test_the_nodes_url_keeps_the_brokers_address_and_tls_options(settings):
     settings.AGENT_BROKER_URL = (
         "rediss://:portal@redis.example.org:6380/2?ssl_cert_reqs=required&ssl_ca_certs=/etc/ca.pem"
     )
-    assert agent_broker_url(node_name="gpu-a", password="s3cret") == (
-        "rediss://node-gpu-a:s3cret@redis.example.org:6380/2?ssl_cert_reqs=required&ssl_ca_certs=/etc/ca.pem"
+    assert agent_broker_url(username="lab.gpu-a", password="s3cret") == (
+        "rediss://lab.gpu-a:s3cret@redis.example.org:6380/2?ssl_cert_reqs=required&ssl_ca_certs=/etc/ca.pem"
     )
-    assert agent_broker_url(node_name="gpu-a", password=None) == settings.AGENT_BROKER_URL
+    assert agent_broker_url(username="lab.gpu-a", password=None) == settings.AGENT_BROKER_URL
 
 
 def test_the_grant_names_one_exact_key_and_select_only_outside_database_0(settings):
@@ -142,7 +156,7 @@ FORBIDDEN = {
         ("FLUSHALL",), ("FLUSHDB",), ("CONFIG", "GET", "*"), ("CONFIG", "SET", "maxmemory", "1")
     ],
     "widen its own rights": [
-        ("ACL", "SETUSER", "node-gpu-a", "+@all", "~*"), ("ACL", "LIST"), ("ACL", "GETUSER", "default")
+        ("ACL", "SETUSER", USER_A, "+@all", "~*"), ("ACL", "LIST"), ("ACL", "GETUSER", "default")
     ],
     "look around or run code": [("KEYS", "*"), ("SCAN", 0), ("EVAL", "return 1", 0), ("CLIENT", "LIST"), ("INFO",)],
     "stop Redis or throw the portal out": [
@@ -225,7 +239,7 @@ def test_the_agent_gets_the_portals_pushes_with_its_own_user_and_never_hits_a_re
     finally:
         agent.cleanup()
 
-    assert denied_log(broker, "node-gpu-a") == []  # not one command or key beyond the grant, start to stop
+    assert denied_log(broker, USER_A) == []  # not one command or key beyond the grant, start to stop
     assert broker.admin().keys("unacked*") == []
     assert broker.admin().llen(MINE) == 0
 
@@ -236,7 +250,7 @@ def test_over_tls_too(settings, db, portal, tmp_path):
         with use_for_portal(settings, server):
             node = node_with_gpus(1, name="gpu-a")
             config = _config_of(node_rotate_credentials(node=node))
-            assert config["BROKER_URL"].startswith("rediss://node-gpu-a:")
+            assert config["BROKER_URL"].startswith(f"rediss://{USER_A}:")
             assert "ssl_cert_reqs=required&ssl_ca_certs=" in config["BROKER_URL"]
             agent = start_agent(config, portal)
             try:
@@ -269,7 +283,7 @@ def test_rotation_ends_the_old_password_even_on_an_open_connection(broker, db, p
         with pytest.raises(redis.AuthenticationError):
             as_node(old["BROKER_URL"]).ping()
         # The running agent, on the old password, was thrown out too and cannot log in again...
-        assert wait_for(lambda: any(e["reason"] == "auth" for e in denied_log(broker, "node-gpu-a")), 20) is not None
+        assert wait_for(lambda: any(e["reason"] == "auth" for e in denied_log(broker, USER_A)), 20) is not None
         version = send_snapshot(node)
         assert broker.admin().llen(MINE) == 1  # ...so the push waits for the agent with the new config
         agent.stop()
@@ -332,7 +346,7 @@ def test_with_broker_users_off_every_node_gets_the_portals_url_and_redis_is_not_
     config = register("gpu-a")
     assert config["BROKER_URL"] == broker.url
     assert Node.objects.get(name="gpu-a").broker_password_hash == ""
-    assert broker.admin().acl_getuser("node-gpu-a") is None
+    assert broker.admin().acl_getuser(USER_A) is None
 
 
 def test_rotating_after_broker_users_were_switched_off_removes_the_old_user(broker, db, settings):
@@ -344,7 +358,7 @@ def test_rotating_after_broker_users_were_switched_off_removes_the_old_user(brok
     new = register("gpu-a", "--rotate")
 
     assert new["BROKER_URL"] == broker.url
-    assert broker.admin().acl_getuser("node-gpu-a") is None
+    assert broker.admin().acl_getuser(USER_A) is None
     with pytest.raises((redis.ConnectionError, redis.AuthenticationError)):  # the open login went with the user
         opened.ping()
     with pytest.raises((redis.AuthenticationError, redis.ResponseError)):
@@ -379,7 +393,7 @@ def test_the_users_come_back_after_a_redis_restart(broker, db, portal):
 
 def test_a_widened_user_is_put_back(broker, db):
     url = register("gpu-a")["BROKER_URL"]
-    broker.admin().execute_command("ACL", "SETUSER", "node-gpu-a", "+@all", "~*", "allchannels")
+    broker.admin().execute_command("ACL", "SETUSER", USER_A, "+@all", "~*", "allchannels")
     assert not refused(as_node(url), "KEYS", "*")
 
     assert broker_users_sync().repaired == ["gpu-a"]
@@ -430,17 +444,6 @@ def test_checks_warn_when_the_broker_does_not_answer(broker, db):
         register("gpu-a")
 
 
-@pytest.mark.parametrize("name", ["REDIS_URL", "CELERY_BROKER_URL", "NODE_BROKER_URL"])
-def test_the_examples_redis_password_stops_the_portal(settings, name):
-    setattr(settings, name, "redis://:replace-with-a-generated-redis-password@redis:6379/0")
-    messages = check_broker_password_is_not_the_example()
-    assert [message.id for message in messages] == ["nodes.E004"]
-    assert name in messages[0].msg
-
-    setattr(settings, name, "redis://:k3yFr0mS3cr3ts@redis:6379/0")
-    assert check_broker_password_is_not_the_example() == []
-
-
 def test_broker_users_need_a_redis_broker(settings):
     settings.NODE_BROKER_USERS = True
     settings.NODE_BROKER_URL = settings.AGENT_BROKER_URL = "amqp://portal:secret@rabbit.example.org:5672//"
@@ -483,7 +486,7 @@ def test_demo_configs_carry_the_nodes_own_user_and_are_rewritten_when_it_changes
     options = ("--dir", str(tmp_path), "--device-root", demo_device_root)
     call_command("demo_agents", *options, stdout=StringIO())
     first = (tmp_path / "gpu-a.conf").read_text()
-    assert "BROKER_URL=redis://node-gpu-a:" in first
+    assert f"BROKER_URL=redis://{USER_A}:" in first
     out = StringIO()
     call_command("demo_agents", *options, stdout=out)
     assert "(kept)" in out.getvalue()
@@ -499,7 +502,89 @@ def test_kombu_reads_the_printed_url_as_the_nodes_user(broker, db):
     url = register("gpu-a")["BROKER_URL"]
     with Connection(url, transport_options={"ack_emulation": False, "priority_steps": [0]}) as connection:
         connection.ensure_connection(max_retries=1)
-        assert connection.info()["userid"] == "node-gpu-a"
+        assert connection.info()["userid"] == USER_A
+
+
+# -- each portal its own prefix; users made before prefixes ----------------------------------------------------
+
+
+def test_the_sync_removes_only_its_own_prefixs_users_that_no_node_has(broker, db):
+    register("gpu-a")
+    rules = acl_rules(node_name="gpu-b", password_sha256="ab" * 32)
+    leftover = f"{TEST_BROKER_USER_PREFIX}gpu-b"  # ours: a deleted node's user whose removal failed
+    others = [
+        "gpubook-0f0f0f0f.gpu-b",  # another portal's
+        "node-gpu-b",  # a name from before prefixes that no node of ours has: perhaps another portal's
+        f"{TEST_BROKER_USER_PREFIX}gpu-b.x",  # not a node's name under our prefix
+        f"{TEST_BROKER_USER_PREFIX[:-1]}-x.gpu-b",  # a prefix that starts like ours
+    ]
+    for username in (leftover, *others):
+        broker.admin().execute_command("ACL", "SETUSER", username, *rules)
+
+    result = broker_users_sync()
+
+    assert (result.repaired, result.removed) == ([], [leftover])
+    assert broker.admin().acl_getuser(leftover) is None
+    assert all(broker.admin().acl_getuser(username) for username in others)
+    assert broker.admin().acl_getuser(USER_A)["passwords"] == [Node.objects.get(name="gpu-a").broker_password_hash]
+
+
+def test_a_user_named_before_prefixes_keeps_working_until_its_node_gets_new_credentials(broker, db):
+    """A portal upgraded from before prefixes: the node's row names its user node-gpu-a (migration nodes/0018), as
+    its agent's BROKER_URL does. It keeps working, comes back after Redis restarts, is warned about, and moves to
+    this portal's prefix with the next credentials, the old login ended."""
+    password = "s3cret-from-before-prefixes"
+    node = node_with_gpus(1, name="gpu-a", agent_token_hash="x" * 64)
+    Node.objects.filter(pk=node.pk).update(broker_password_hash=_sha256(password), broker_username="node-gpu-a")
+    old_url = agent_broker_url(username="node-gpu-a", password=password)
+    assert broker_users_sync().repaired == ["gpu-a"]  # made, as after a Redis restart
+    opened = as_node(old_url)
+    assert opened.ping()
+    (warning,) = [m for m in check_broker_server(databases=["default"]) if m.id == "nodes.W005"]
+    assert "gpu-a" in warning.msg and f"{TEST_BROKER_USER_PREFIX}<name>" in warning.hint
+
+    new = register("gpu-a", "--rotate")
+
+    assert redis.connection.parse_url(new["BROKER_URL"])["username"] == USER_A and as_node(new["BROKER_URL"]).ping()
+    assert broker.admin().acl_getuser("node-gpu-a") is None
+    with pytest.raises((redis.ConnectionError, redis.AuthenticationError)):  # its open login went with it
+        opened.ping()
+    assert Node.objects.get(pk=node.pk).broker_username == USER_A
+    assert [m.id for m in check_broker_server(databases=["default"])] == []
+    assert broker_users_sync() == SyncResult(checked=1)
+
+
+def test_the_default_prefix_is_the_portals_address_and_database_and_names_never_meet(settings):
+    postgres = {"ENGINE": "django.db.backends.postgresql", "HOST": "db", "PORT": 5432, "NAME": "portal"}
+    production = prefix_for(portal_url="https://gpus.example.org", database=postgres)
+    assert re.fullmatch(r"gpubook-[0-9a-f]{8}\.", production)
+    assert prefix_for(portal_url="https://gpus.example.org/", database=dict(postgres)) == production  # stable
+    assert prefix_for(portal_url="https://staging.gpus.example.org", database=postgres) != production
+    assert prefix_for(portal_url="https://gpus.example.org", database={**postgres, "NAME": "staging"}) != production
+    sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": "/srv/a/var/portal.sqlite3"}
+    assert prefix_for(portal_url="http://127.0.0.1:8000", database=sqlite) != prefix_for(
+        portal_url="http://127.0.0.1:8000", database={**sqlite, "NAME": "/srv/b/var/portal.sqlite3"}
+    )
+    settings.NODE_BROKER_USER_PREFIX = ""
+    assert (
+        user_prefix()
+        == default_user_prefix()
+        == prefix_for(portal_url=settings.PORTAL_URL, database=settings.DATABASES["default"])
+    )
+    # One portal's names are never another's, nor taken for one: the prefix ends with the name's one '.'.
+    assert own_node_name(f"{production}gpu-a", production) == "gpu-a"
+    assert own_node_name(f"{production}gpu-a", "gpubook-.") is None
+    assert own_node_name("node-gpu-a", production) is None
+
+
+@pytest.mark.parametrize("prefix", ["gpubook-staging", "two.dots.", "spa ce.", "x" * 41 + "."])
+def test_a_prefix_redis_names_could_not_keep_apart_is_refused_at_start(settings, prefix):
+    settings.NODE_BROKER_USERS = True
+    settings.NODE_BROKER_USER_PREFIX = prefix
+    (message,) = check_broker_user_settings()
+    assert message.id == "nodes.E001" and "NODE_BROKER_USER_PREFIX" in message.msg
+    settings.NODE_BROKER_USER_PREFIX = "gpubook-staging."
+    assert check_broker_user_settings() == []
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
@@ -507,6 +592,10 @@ def test_kombu_reads_the_printed_url_as_the_nodes_user(broker, db):
 
 def _config_of(credentials: Any) -> dict[str, str]:
     return dict(line.split("=", 1) for line in credentials.as_config().splitlines())
+
+
+def _sha256(password: str) -> str:
+    return hashlib.sha256(password.encode()).hexdigest()
 
 
 def _connection_kwargs(url: str) -> dict[str, Any]:

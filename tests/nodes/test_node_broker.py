@@ -20,8 +20,12 @@ import pytest
 import redis
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.utils import timezone
+from rest_framework.test import APIClient
 
+from gpubook_agent import protocol
 from kernel.redis_client import redis_client
+from nodes.broker_users import broker_username
 from nodes.checks import check_node_broker_is_its_own
 from nodes.models import Node
 from nodes.node_broker import NodeBrokerError, redis_server
@@ -102,6 +106,36 @@ def test_a_full_nodes_broker_fails_the_push_logged_and_the_node_is_told_to_pull(
     assert queued(node_broker) == 1
 
 
+def test_a_stopped_nodes_broker_fails_no_booking_and_the_node_pulls_what_the_push_missed(
+    node_broker, agent_node, alice, settings, clock, caplog, django_capture_on_commit_callbacks
+):
+    """The nodes' broker killed (docs/operations.md, "When a dependency is away"): a booking is made as ever, its
+    push fails in seconds and is logged, the node's next heartbeat reply says it is behind, and its pull brings the
+    booking; once the broker is back, pushes resume."""
+    agent = APIClient()
+    agent.credentials(HTTP_AUTHORIZATION=f"Bearer {node_rotate_credentials(node=agent_node).agent_token}")
+    node_broker.stop()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        booking = reservation_create(user=alice, gpus=[agent_node.gpus.first()], start=at(0.25), end=at(2))
+    with caplog.at_level(logging.WARNING, logger="reservations.pushes"):
+        assert push_node_leases(agent_node.pk) is None  # what the worker does with the booking's push
+    assert f"could not push the leases of node {NODE} (its agent pulls them)" in caplog.text
+
+    agent_node.refresh_from_db()
+    heartbeat = protocol.heartbeat(
+        backend="simulated", driver_version=None, applied_version=0, acls={}, sent_at=timezone.now()
+    )
+    reply = agent.post("/api/v1/agent/heartbeat/", heartbeat, format="json")
+    assert reply.status_code == 200 and reply.json()["lease_version"] == agent_node.lease_version
+    pulled = agent.get("/api/v1/agent/snapshot/").json()
+    assert [lease["reservation"] for lease in pulled["leases"]] == [booking.pk]
+
+    node_broker.restart()
+    assert wait_for(lambda: push_node_leases(agent_node.pk) is not None, timeout=10)
+    assert queued(node_broker) == 1
+
+
 def test_a_nodes_broker_that_is_away_stops_the_full_round_at_the_first_node(agent_node, settings, caplog):
     other = node_with_gpus(1, name="gpu-nb-2")
     node_rotate_credentials(node=other)
@@ -132,10 +166,10 @@ def test_the_nodes_users_are_made_on_the_nodes_broker_not_the_portals_redis(node
     call_command("register_node", NODE, stdout=out)
     config = dict(line.split("=", 1) for line in out.getvalue().splitlines() if "=" in line and "#" not in line[:1])
 
-    assert config["BROKER_URL"].startswith(f"redis://node-{NODE}:")
+    assert config["BROKER_URL"].startswith(f"redis://{broker_username(NODE)}:")
     assert config["BROKER_URL"].endswith(f"@127.0.0.1:{node_broker.port}/3")
-    assert node_broker.admin().acl_getuser(f"node-{NODE}") is not None
-    assert redis_client().acl_getuser(f"node-{NODE}") is None
+    assert node_broker.admin().acl_getuser(broker_username(NODE)) is not None
+    assert redis_client().acl_getuser(broker_username(NODE)) is None
     assert redis.Redis.from_url(config["BROKER_URL"], socket_timeout=5).ping()
 
 

@@ -1,7 +1,9 @@
 """Re-create the nodes' broker users from the stored password hashes (after Redis restarted).
 
 Run at the portal's start (scripts/run, docker-compose's web); beat runs the same every minute.
-Idempotent: a user that is as it should be is left alone, and no open connection is touched.
+Idempotent: a user that is as it should be is left alone, and no open connection is touched. It touches only the
+users its nodes name and those under this portal's prefix (NODE_BROKER_USER_PREFIX, nodes/broker_users.py), never
+another portal's on the same Redis.
 
 ``--warn-only`` (docker-compose's web): a nodes' broker that refuses (full: one node's credential can open
 connections until its maxclients; away) is a line on stderr, not a failure, so that the portal starts whatever
@@ -41,3 +43,5 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         repaired = f": re-created {', '.join(result.repaired)}" if result.repaired else ", all as they should be"
         self.stdout.write(f"broker users of {result.checked} node(s){repaired}")
+        if result.removed:
+            self.stdout.write(f"removed {', '.join(result.removed)}: users of this portal's prefix that no node has")
