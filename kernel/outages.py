@@ -45,6 +45,7 @@ import redis
 from django.db import DatabaseError, connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import get_template
+from django.utils.http import url_has_allowed_host_and_scheme
 from psycopg_pool import PoolTimeout
 
 from kernel.api import error_body
@@ -62,6 +63,9 @@ class Outage:
     retry_after: int  # seconds
     what: str  # which dependency, in words: the log line, and what a live page says it waits for (live/outages.py)
     fresh_connection_may_cure: bool = False  # a safe request is retried once on a new database connection
+    # A fault our own code may have caused (a deadlock, a statement timeout): the client still gets the retryable
+    # 503, and the log gets the trace, so that a bug behind it does not hide among outage warnings.
+    logged_with_trace: bool = False
 
 
 DATABASE_RESTARTING = Outage(
@@ -93,6 +97,14 @@ DATABASE_BUSY = Outage(
     2,
     "a database lock",
 )
+# The same answer; our queries' order (a deadlock) or length (statement_timeout) may be the cause.
+DATABASE_BUSY_BY_US = Outage(
+    "database_busy",
+    "The data this needs is locked by other work right now; try again in a moment.",
+    2,
+    "a database lock",
+    logged_with_trace=True,
+)
 REDIS_UNAVAILABLE = Outage(
     "redis_unavailable",
     "A service the portal needs for this (Redis) is not answering; try again in a few seconds.",
@@ -108,7 +120,8 @@ REDIS_FULL = Outage(
 
 # SQLSTATE classes and codes (https://www.postgresql.org/docs/current/errcodes-appendix.html).
 _RESTARTING = {"57P01", "57P02", "57P03"}  # admin_shutdown, crash_shutdown, cannot_connect_now
-_BUSY = {"55P03", "40P01", "40001", "57014"}  # lock_not_available, deadlock, serialization_failure, query_canceled
+_BUSY = {"55P03", "40001"}  # lock_not_available (lock_timeout), serialization_failure
+_BUSY_BY_US = {"40P01", "57014"}  # deadlock_detected, query_canceled (statement_timeout)
 # What libpq says when the server is on its way down or up (no SQLSTATE: the connection itself failed).
 _RESTARTING_WORDS = ("shutting down", "starting up", "in recovery mode", "terminating connection")
 
@@ -126,7 +139,10 @@ def outage_of(error: BaseException | None) -> Outage | None:
             return _sqlite(cause)
         if isinstance(cause, redis.ConnectionError | redis.TimeoutError):
             return REDIS_UNAVAILABLE
-        if isinstance(cause, redis.ResponseError) and str(cause).startswith("OOM"):
+        # redis-py turns Redis' "OOM ..." reply into OutOfMemoryError, the "OOM" cut off its message.
+        if isinstance(cause, redis.exceptions.OutOfMemoryError) or (
+            isinstance(cause, redis.ResponseError) and str(cause).startswith("OOM")
+        ):
             return REDIS_FULL
     return None
 
@@ -151,6 +167,8 @@ def _postgres(error: psycopg.Error) -> Outage | None:
         return DATABASE_RESTARTING
     if state in _BUSY:
         return DATABASE_BUSY
+    if state in _BUSY_BY_US:
+        return DATABASE_BUSY_BY_US
     if state.startswith("08"):  # connection_exception
         return DATABASE_UNAVAILABLE
     if state.startswith("53"):  # insufficient_resources: too many connections, out of memory or disk
@@ -177,7 +195,7 @@ def outage_response(request: HttpRequest, outage: Outage) -> HttpResponse:
         response = JsonResponse(error_body(outage.code, outage.message), status=503)
     else:
         # A plain context: no context processor runs (the user, the messages: the session, the database).
-        page = get_template("503.html").render({"message": outage.message, "path": request.path})
+        page = get_template("503.html").render({"message": outage.message, "path": same_page(request)})
         response = HttpResponse(page, status=503)
     response["Retry-After"] = str(outage.retry_after)
     response["Cache-Control"] = "no-store"  # a proxy must not keep serving it once the fault is over
@@ -185,8 +203,18 @@ def outage_response(request: HttpRequest, outage: Outage) -> HttpResponse:
     return response
 
 
+def same_page(request: HttpRequest) -> str:
+    """The page's own path for the "Try again" link, or "/" where a browser would read it as another site's:
+    ``GET //evil.example/`` has the path ``//evil.example/``, a protocol-relative URL (``/\\evil.example/`` too)."""
+    path = request.path
+    if path.startswith("/") and url_has_allowed_host_and_scheme(path, allowed_hosts=None):
+        return path
+    return "/"
+
+
 def log_outage(request: HttpRequest, outage: Outage, error: BaseException) -> None:
-    """One warning line per request that met the outage: the cause, not a trace (it is not our bug)."""
+    """One warning line per request that met the outage: the cause, not a trace (it is not our bug), unless our
+    code may have caused it (``Outage.logged_with_trace``)."""
     logger.warning(
         "503 %s: %s %s (%s: %s)",
         outage.code,
@@ -194,6 +222,7 @@ def log_outage(request: HttpRequest, outage: Outage, error: BaseException) -> No
         request.path,
         type(error).__name__,
         str(error).strip().splitlines()[0] if str(error).strip() else "",
+        exc_info=error if outage.logged_with_trace else None,
         extra={"status_code": 503, "outage": outage.code, "dependency": outage.what},
     )
 
@@ -219,6 +248,11 @@ class OutageMiddleware:
             assert match is not None  # a view raised, so the URL resolved
             try:
                 response: HttpResponse = match.func(request, *match.args, **match.kwargs)
+                # Django renders a lazy response (TemplateResponse: admin, LoginView, DRF) after the view, and calls
+                # this hook when that render fails too; then it renders nothing returned here. Render it now, so
+                # that a failure while rendering is met here as well.
+                if callable(getattr(response, "render", None)) and not getattr(response, "is_rendered", True):
+                    response = response.render()  # type: ignore[attr-defined]
             except Exception as again:
                 outage = outage_of(again)
                 if outage is None:

@@ -71,23 +71,31 @@ class LiveOutageGuard:
             return await self.inner(scope, receiving, sending)
         except Exception as error:
             outage = outage_of(error)
-            if outage is None or seen["closed"]:
-                raise
-            logger.warning(
-                "websocket closed with %s: %s (%s: %s)",
-                CLOSE_UNAVAILABLE,
-                outage.code,
-                type(error).__name__,
-                str(error).strip().splitlines()[0] if str(error).strip() else "",
-            )
+            if outage is None:
+                raise  # ours: the server logs it with its trace
+            cause = f"{type(error).__name__}: {_first_line(error)}"
+            trace = error if outage.logged_with_trace else None
+            if seen["closed"]:
+                # Closed already (LayerWatch told the page, or the client left): nothing to send, and no trace for
+                # an outage met on the way out (leaving the groups of a Redis that is away).
+                logger.warning("websocket already closed when it met %s (%s)", outage.code, cause, exc_info=trace)
+                return None
+            logger.warning("websocket closed with %s: %s (%s)", CLOSE_UNAVAILABLE, outage.code, cause, exc_info=trace)
             # A handshake must be accepted before a close can carry a code (a refusal is a bare HTTP 403).
-            if not seen["connect"]:
-                while (await receive())["type"] != "websocket.connect":
-                    pass
+            while not seen["connect"]:
+                message = await receive()
+                if message["type"] == "websocket.disconnect":
+                    return None  # the client left before its handshake: no one to tell
+                seen["connect"] = message["type"] == "websocket.connect"
             if not seen["accepted"]:
                 await send({"type": "websocket.accept"})
             await send({"type": "websocket.send", "text": error_frame(outage)})
             await send({"type": "websocket.close", "code": CLOSE_UNAVAILABLE, "reason": paused_message(outage)})
+
+
+def _first_line(error: BaseException) -> str:
+    words = str(error).strip()
+    return words.splitlines()[0] if words else ""
 
 
 class Watched(Protocol):

@@ -20,13 +20,12 @@ from tests.browser.accessibility import assert_accessible
 from tests.browser.helpers import open_calendar, open_tomorrow, save_screenshot, tomorrow_at
 from tests.live.server import ROOT, AsgiServer
 from tests.nodes.broker_redis import AclRedis
-from tests.outages.postgres import LocalPostgres, unavailable
+from tests.outages.postgres import LocalPostgres
 from tests.outages.traffic import prepare_database
 
 PAUSED = "Live updates are paused while the portal waits for Redis."
 
 
-@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 def test_a_page_during_a_database_outage_is_the_maintenance_page_and_comes_back(page, screenshot, settings):
     cluster = LocalPostgres()
     static_root = tempfile.mkdtemp(prefix="gpbt-static-")

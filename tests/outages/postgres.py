@@ -1,9 +1,10 @@
 """A PostgreSQL cluster of the test's own, for the tests that stop and restart the database under traffic.
 
 The shared server on 5432 carries every other test run on this machine: a test that restarts a database
-restarts its own. ``LocalPostgres`` runs Debian's initdb and pg_ctl (as the ``postgres`` user when the tests
-run as root, since PostgreSQL refuses root) in a directory under /tmp, on a free port of 127.0.0.1, trusting
-local connections; it makes one database, ``portal``.
+restarts its own. ``LocalPostgres`` runs Debian's initdb and pg_ctl of the newest PostgreSQL installed (as the
+``postgres`` user when the tests run as root, since PostgreSQL refuses root) in a directory under /tmp, on a free
+port of 127.0.0.1, trusting local connections; it makes one database, ``portal``. Where it cannot, the test fails
+and says why: scripts/services installs PostgreSQL, so a skip would only hide that the outage went untested.
 """
 
 # Tests run fixed argument lists (never a shell).
@@ -21,35 +22,60 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.agent.harness import free_port, wait_for
 
-BIN = Path("/usr/lib/postgresql/15/bin")
+INSTALLED = Path("/usr/lib/postgresql")  # Debian's: one <major version>/bin per installed server
+PROGRAMS = ("initdb", "pg_ctl", "createdb")
 
 
-def unavailable() -> str | None:
+def server_bin() -> Path | None:
+    """The bin directory of the newest PostgreSQL installed that has every program the cluster needs, or None."""
+    complete = [
+        path.parent
+        for path in INSTALLED.glob("*/bin")
+        if all((path / program).is_file() for program in PROGRAMS) and _version(path.parent.name) is not None
+    ]
+    newest = max(complete, key=lambda home: _version(home.name) or (), default=None)
+    return None if newest is None else newest / "bin"
+
+
+def _version(name: str) -> tuple[int, ...] | None:
+    """``"16"`` -> (16,), ``"9.6"`` -> (9, 6); None for a name that is no version."""
+    parts = name.split(".")
+    return tuple(int(part) for part in parts) if all(part.isdigit() for part in parts) else None
+
+
+def _cannot_run(bin_dir: Path | None) -> str | None:
     """Why no cluster of the test's own can run here, or None."""
-    if not (BIN / "initdb").exists():
-        return f"{BIN}/initdb missing: scripts/services installs postgresql"
+    if bin_dir is None:
+        wanted = " and ".join(PROGRAMS)
+        return f"no {INSTALLED}/<version>/bin with {wanted}: install PostgreSQL (scripts/services does)"
     if os.geteuid() == 0:
         try:
             pwd.getpwnam("postgres")
         except KeyError:
-            return "running as root without a postgres user to run the cluster as"
+            return "running as root without a postgres user to run the cluster as (PostgreSQL refuses root)"
     return None
 
 
 class LocalPostgres:
     def __init__(self) -> None:
+        bin_dir = server_bin()
+        reason = _cannot_run(bin_dir)
+        if reason is not None or bin_dir is None:
+            pytest.fail(f"this test needs a PostgreSQL cluster of its own: {reason}", pytrace=False)
+        self.bin = bin_dir
         self.home = Path(tempfile.mkdtemp(prefix="gpbt-pg-", dir="/tmp"))
         self.data = self.home / "data"
         self.port = free_port()
         self.user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
         if self.user is not None:
             os.chown(self.home, self.user.pw_uid, self.user.pw_gid)
-        self._run(BIN / "initdb", "-D", self.data, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8")
+        self._run(self.bin / "initdb", "-D", self.data, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8")
         self.start()
-        self._run(BIN / "createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "portal")
+        self._run(self.bin / "createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "portal")
 
     @property
     def url(self) -> str:
@@ -68,7 +94,7 @@ class LocalPostgres:
         )
 
     def _pg_ctl(self, *arguments: str) -> None:
-        self._run(BIN / "pg_ctl", "-D", self.data, "-l", self.home / "server.log", "-w", "-t", "60", *arguments)
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.home / "server.log", "-w", "-t", "60", *arguments)
 
     def start(self) -> None:
         # Durability is not what these tests look at: no fsync keeps a slow machine's restarts short.
@@ -108,5 +134,5 @@ class LocalPostgres:
 
     def destroy(self) -> None:
         with contextlib.suppress(subprocess.SubprocessError, OSError):
-            self._run(BIN / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop", check=False)
+            self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop", check=False)
         shutil.rmtree(self.home, ignore_errors=True)

@@ -19,14 +19,13 @@ from django.conf import settings
 from django.db import connection
 
 from tests.live.server import AsgiServer, open_client
-from tests.outages.postgres import LocalPostgres, unavailable
+from tests.outages.postgres import LocalPostgres
 from tests.outages.traffic import Answer, Traffic, back_after, closing_words, prepare_database, summary
 
 pytestmark = [
     pytest.mark.postgres_only,
     # One run of the suite is enough (the portal's own database is the test's cluster, whatever the suite's is).
     pytest.mark.skipif(connection.vendor != "postgresql", reason="run once, in the suite's PostgreSQL run"),
-    pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
 ]
 
 DOWN_SECONDS = 6.0

@@ -15,8 +15,10 @@ import redis
 from django.db import connection
 from django.test import Client, RequestFactory
 from psycopg_pool import PoolTimeout
+from redis._parsers import BaseParser
 
 from kernel.outages import server_error
+from tests.nodes.broker_redis import AclRedis
 from tests.outages import urls
 
 pytestmark = pytest.mark.urls("tests.outages.urls")
@@ -46,23 +48,33 @@ OUTAGES = {
              "The database is not answering"),
     "lock": (wrapped(psycopg.errors.LockNotAvailable("canceling statement due to lock timeout")), "database_busy", "2",
              "locked by other work"),
+    "serialization": (wrapped(psycopg.errors.SerializationFailure("could not serialize access")),
+                      "database_busy", "2", "locked by other work"),
     "sqlite-lock": (wrapped(sqlite3.OperationalError("database is locked")), "database_busy", "2", "locked"),
     "full": (wrapped(psycopg.errors.TooManyConnections("sorry, too many clients already")), "database_overloaded",
              "10", "no connection or resources to spare"),
     "redis": (redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."),
               "redis_unavailable", "5", "(Redis) is not answering"),
     "redis-timeout": (redis.TimeoutError("Timeout reading from socket"), "redis_unavailable", "5", "(Redis)"),
-    "redis-oom": (redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'."), "redis_full", "30",
-                  "out of memory"),
+    # As redis-py raises Redis' "OOM" reply: an OutOfMemoryError, the "OOM" cut off its message.
+    "redis-oom": (BaseParser.parse_error("OOM command not allowed when used memory > 'maxmemory'."), "redis_full",
+                  "30", "out of memory"),
 }  # fmt: skip
+# Retryable for the client, but our own code may be their cause: logged with the trace.
+OURS_MAYBE = {
+    "deadlock": wrapped(psycopg.errors.DeadlockDetected("deadlock detected")),
+    "statement-timeout": wrapped(psycopg.errors.QueryCanceled("canceling statement due to statement timeout")),
+}
 
 
 @pytest.fixture(autouse=True)
 def no_fault():
     urls.fault["error"] = None
     urls.calls.clear()
+    urls.failing_renders.clear()
     yield
     urls.fault["error"] = None
+    urls.failing_renders.clear()
 
 
 @pytest.mark.parametrize("name", OUTAGES)
@@ -83,6 +95,41 @@ def test_an_outage_met_by_the_api_is_a_503_with_its_cause_words_and_retry_after(
     warning = next(r for r in caplog.records if r.name == "kernel.outages")
     assert warning.levelno == logging.WARNING and warning.exc_info is None
     assert f"503 {code}: GET /api/v1/test-fault/{name}/" in warning.getMessage()
+
+
+@pytest.mark.parametrize("name", OURS_MAYBE)
+@pytest.mark.parametrize("path", ["/api/v1/test-fault/{}/", "/test-fault/{}/"])
+def test_a_deadlock_or_statement_timeout_is_a_503_logged_with_its_trace(name, path, client, caplog):
+    """The client may retry; the log shows where our code met it, since the cause may be a bug of ours."""
+    urls.fault["error"] = OURS_MAYBE[name]
+    response = client.get(path.format(name))
+    assert response.status_code == 503
+    assert response["Retry-After"] == "2"
+    assert "locked by other work" in response.content.decode()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []  # no "Internal Server Error"
+    warning = next(r for r in caplog.records if r.name == "kernel.outages")
+    assert warning.levelno == logging.WARNING and warning.getMessage().startswith("503 database_busy: GET ")
+    assert warning.exc_info is not None and warning.exc_info[1] is OURS_MAYBE[name]
+    assert warning.exc_info[2] is not None  # the trace, down to the view that met it
+    assert urls.calls[name] == 1  # not retried: a fresh connection cures neither
+
+
+def test_a_real_redis_out_of_memory_is_a_503_redis_full(client):
+    """What redis-py raises when a redis-server with maxmemory and noeviction is full."""
+    full = AclRedis("--maxmemory", "2mb", "--maxmemory-policy", "noeviction", database=0)
+    try:
+        admin = full.admin()
+        with pytest.raises(redis.RedisError) as refused:
+            for number in range(1000):  # 64 KiB apiece: 2 MiB are full after a few dozen
+                admin.set(f"filler:{number}", b"x" * 65536)
+        admin.close()
+    finally:
+        full.stop()
+    urls.fault["error"] = refused.value
+    response = client.get("/api/v1/test-fault/full-redis/")
+    assert response.status_code == 503, refused.value
+    assert response["Retry-After"] == "30"
+    assert response.json()["error"]["code"] == "redis_full"
 
 
 @pytest.mark.parametrize("name", ["restart", "refused", "lock", "redis"])
@@ -114,6 +161,42 @@ def test_a_read_is_tried_again_once_when_its_connection_broke_and_a_write_never(
     urls.fault["error"] = OUTAGES["pool"][0]
     assert client.get("/api/v1/test-fault/pooled/").status_code == 503
     assert urls.calls["pooled"] == 1  # the pool waited for a fresh connection already
+
+
+@pytest.mark.parametrize("path", ["//evil.example/", "/\\evil.example/", "//evil.example/test-fault/x/"])
+def test_the_maintenance_pages_try_again_link_never_leads_to_another_site(path, client):
+    """``GET //evil.example/`` during an outage: its path is a protocol-relative URL, so the link goes to "/"."""
+    urls.fault["error"] = OUTAGES["refused"][0]
+    response = client.get("/", PATH_INFO=path)
+    assert response.status_code == 503
+    page = response.content.decode()
+    assert "<h1>Back in a moment</h1>" in page
+    assert '<a href="/">Try again</a>' in page
+    assert "evil.example" not in page
+
+
+def test_a_read_whose_lazy_response_failed_while_rendering_is_tried_again_and_rendered(client):
+    """Django calls process_exception when a TemplateResponse fails to render too, and renders nothing it returns."""
+    urls.failing_renders.append(OUTAGES["refused"][0])
+    response = client.get("/test-rendered-later/once/")
+    assert response.status_code == 200
+    assert response.content.decode() == "<p>rendered</p>"
+    assert urls.calls["once"] == 2
+
+    urls.failing_renders.extend(
+        [wrapped(psycopg.OperationalError(REFUSED)), wrapped(psycopg.OperationalError(REFUSED))]
+    )
+    response = client.get("/test-rendered-later/twice/")
+    assert response.status_code == 503
+    assert response["Retry-After"] == "10"
+    assert "The database is not answering" in response.content.decode()
+    assert urls.calls["twice"] == 2
+    assert urls.failing_renders == []
+
+    urls.failing_renders.append(wrapped(psycopg.OperationalError(REFUSED)))
+    response = client.post("/test-rendered-later/write/")
+    assert response.status_code == 503
+    assert urls.calls["write"] == 1  # a write is never tried again
 
 
 @pytest.mark.postgres_only

@@ -5,7 +5,9 @@ from __future__ import annotations
 import psycopg
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.urls import path
+from django.template import engines
+from django.template.response import TemplateResponse
+from django.urls import path, re_path
 
 from portal import urls as portal_urls
 from reservations.models import Reservation
@@ -13,6 +15,8 @@ from reservations.models import Reservation
 # What the next request to a faulty view raises (set by the test), and how often each view ran.
 fault: dict[str, BaseException | None] = {"error": None}
 calls: dict[str, int] = {}
+# What the next renders of ``rendered_later``'s page raise, one each, first first.
+failing_renders: list[BaseException] = []
 
 
 def faulty(request: HttpRequest, name: str) -> HttpResponse:
@@ -21,6 +25,19 @@ def faulty(request: HttpRequest, name: str) -> HttpResponse:
     if error is not None:
         raise error
     return JsonResponse({"ok": True})
+
+
+def rendered_later(request: HttpRequest, name: str) -> HttpResponse:
+    """A lazy response, as the admin's pages, LoginView and DRF return: Django renders it after the view, and
+    reading ``value`` then raises the next of ``failing_renders``, as a query made while rendering would."""
+    calls[name] = calls.get(name, 0) + 1
+
+    def value() -> str:
+        if failing_renders:
+            raise failing_renders.pop(0)
+        return "rendered"
+
+    return TemplateResponse(request, engines["django"].from_string("<p>{{ value }}</p>"), {"value": value})
 
 
 def breaks_its_connection_once(request: HttpRequest) -> HttpResponse:
@@ -46,6 +63,9 @@ def breaks_its_connection_once(request: HttpRequest) -> HttpResponse:
 urlpatterns = [
     path("api/v1/test-fault/<str:name>/", faulty),
     path("test-fault/<str:name>/", faulty),
+    path("test-rendered-later/<str:name>/", rendered_later),
+    # A path that begins with "//" or "/\" (GET //evil.example/): what is left after the resolver's own "/".
+    re_path(r"^[/\\](?P<name>.*)$", faulty),
     path("api/v1/test-broken-connection/", breaks_its_connection_once),
     *portal_urls.urlpatterns,
 ]
