@@ -85,7 +85,9 @@ def _clear_marks(node_ids: list[int]) -> None:
         logger.warning("could not clear the status marks of nodes %s", node_ids, exc_info=True)
 
 
-@shared_task(name="live.send_node_status", ignore_result=True)
+# Given back when its pool process is killed under it (portal/settings.py): a few nodes' cards, which nothing
+# else sends before the next change or refresh.
+@shared_task(name="live.send_node_status", ignore_result=True, reject_on_worker_lost=True)
 def send_node_status(node_ids: list[int]) -> None:
     """The worker's side of ``broadcast_node_status_soon``: clear the marks, then read and send."""
     _clear_marks(node_ids)

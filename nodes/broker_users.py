@@ -22,21 +22,24 @@ which a password change alone would leave open.
 
 Redis ACL users belong to a whole server, not to one database, so two portals on one Redis (production and
 staging, a test run beside the demo) would replace each other's users were the names only the nodes'. Each
-portal's users start with a prefix of its own (``NODE_BROKER_USER_PREFIX``, by default a hash of its address
-and database: ``default_user_prefix``), and the sync removes no user outside it. The prefix ends with the
+portal's users start with a prefix of its own (``NODE_BROKER_USER_PREFIX``, by default a keyed hash of its
+address and database: ``default_user_prefix``), and the sync removes no user outside it. The prefix ends with the
 one '.' of the name, which no node name holds, so one portal's names can never be another's. Each node keeps
 its user's name in its row, so users made before prefixes (``node-<name>``, migration nodes/0018) keep
 working until the node's credentials are issued again, and a changed prefix renames nothing that exists.
 
 The users live on the nodes' broker (NODE_BROKER_URL, nodes/node_broker.py: a Redis of the nodes' own, or by
 default the portal's), and the portal manages them through its own connection to it, whose Redis user must
-be allowed ``ACL`` and ``CLIENT KILL``. A nodes' broker a node has filled up (maxclients) refuses that
-connection too: registering or rotating a node then fails and changes nothing, and beat's sync waits.
+be allowed ``ACL`` and ``CLIENT KILL``. ``ACL USERS`` serves only the sync's removal of leftovers: a user that
+may not run it still gets every node's user made and repaired, and the leftovers stay (nodes.W006). A nodes'
+broker a node has filled up (maxclients) refuses that connection too: registering or rotating a node then
+fails and changes nothing, and beat's sync waits.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import re
 import secrets
@@ -72,9 +75,14 @@ MANAGER_COMMANDS = (
     ("ACL", "SETUSER"),
     ("ACL", "GETUSER"),
     ("ACL", "DELUSER"),
-    ("ACL", "USERS"),
     ("CLIENT", "KILL"),
 )
+# What it should be allowed as well: the sync lists the users to find its prefix's leftovers. Without it every
+# node's user is still made and repaired; only the leftovers stay (nodes.W006).
+LISTING_COMMAND = ("ACL", "USERS")
+# What the key of the default prefix's HMAC (SECRET_KEY) is used for here, so that the same key used elsewhere
+# never gives the same output.
+PREFIX_PURPOSE = b"gpubook node broker user prefix"
 DISABLE_HINT = (
     "or set NODE_BROKER_USERS=false to give every node the portal's own credential for the nodes' broker "
     "(one node's config then opens every queue)"
@@ -86,23 +94,33 @@ class BrokerUserError(Exception):
 
 
 def default_user_prefix() -> str:
-    """``gpubook-<8 hex>.``: a hash of PORTAL_URL and the database the portal keeps its nodes in.
+    """``gpubook-<8 hex>.``: an HMAC under SECRET_KEY of PORTAL_URL and the database the portal keeps its nodes in.
 
-    Both come from the configuration, so every process of one portal (web, worker, beat, a manage.py command)
-    and every restart finds the same prefix; production and staging differ in both, even a staging restored
-    from production's dump, which shares its rows and its SECRET_KEY. Not the SECRET_KEY: nothing public should
-    be derived from a secret, and rotating it must not rename anything. Should the address or the database
-    move, the nodes keep the names stored with them; only credentials issued afterwards take the new prefix."""
-    return prefix_for(portal_url=settings.PORTAL_URL, database=settings.DATABASES["default"])
+    All three come from the configuration, so every process of one portal (web, worker, beat, a manage.py command)
+    and every restart finds the same prefix. Production and staging differ in the address and the database, even
+    a staging restored from production's dump, which shares its rows and its SECRET_KEY; two installations left at
+    the same defaults (two docker-compose stacks on http://localhost:8000 and postgres:5432/portal sharing one
+    Redis) differ in the SECRET_KEY each generated for itself, where a hash of the address and the database alone
+    would give both one prefix, and each one's sync would remove the other's users every minute.
+
+    The prefix is no secret (it is in every agent.conf and in ``ACL USERS``), and 32 bits of an HMAC say nothing
+    of its key. Rotating SECRET_KEY, or moving PORTAL_URL or the database, changes the prefix of the credentials
+    issued afterwards only: the nodes keep the users named in their rows, and the sync keeps repairing those. Its
+    removal of leftovers (users no node has) sees only the current prefix, so a leftover under an old one stays
+    until removed by hand (``ACL USERS``, then ``ACL DELUSER`` of a name no node's ``broker_username`` holds;
+    docs/operations.md, "Broker users named per portal")."""
+    return prefix_for(
+        portal_url=settings.PORTAL_URL, database=settings.DATABASES["default"], secret_key=settings.SECRET_KEY
+    )
 
 
-def prefix_for(*, portal_url: str, database: Mapping[str, Any]) -> str:
+def prefix_for(*, portal_url: str, database: Mapping[str, Any], secret_key: str) -> str:
     if "sqlite" in database["ENGINE"]:
         where = str(Path(database["NAME"]).resolve())
     else:
         where = f"{database.get('HOST') or 'localhost'}:{database.get('PORT') or ''}/{database['NAME']}"
-    identity = f"{portal_url.rstrip('/')}\n{where}"
-    return f"gpubook-{hashlib.sha256(identity.encode()).hexdigest()[:8]}."
+    identity = PREFIX_PURPOSE + f"\n{portal_url.rstrip('/')}\n{where}".encode()
+    return f"gpubook-{hmac.new(secret_key.encode(), identity, hashlib.sha256).hexdigest()[:8]}."
 
 
 def user_prefix() -> str:
@@ -191,8 +209,8 @@ def settings_problem() -> str | None:
     if prefix and not USER_PREFIX_PATTERN.match(prefix):
         return (
             f"NODE_BROKER_USER_PREFIX {prefix!r} is not a prefix for Redis user names: use up to 40 letters, digits, "
-            "'-' and '_', then a '.' (e.g. 'gpubook-staging.'), or leave it empty for one derived from PORTAL_URL "
-            "and the database"
+            "'-' and '_', then a '.' (e.g. 'gpubook-staging.'), or leave it empty for one derived from PORTAL_URL, "
+            "the database and SECRET_KEY"
         )
     if urlsplit(portal).scheme not in REDIS_SCHEMES or urlsplit(agents).scheme not in REDIS_SCHEMES:
         return (
@@ -226,9 +244,14 @@ def _manager(action: str) -> Iterator[redis.Redis]:
         client.close()
 
 
+def _refused(error: BaseException) -> bool:
+    """Whether Redis refused the portal's user the command (NOPERM), rather than failing it."""
+    return isinstance(error, redis.exceptions.NoPermissionError) or str(error).startswith("NOPERM")
+
+
 def _explain(error: redis.ResponseError, url: str, action: str) -> str:
     text = str(error)
-    if isinstance(error, redis.exceptions.NoPermissionError) or text.startswith("NOPERM"):
+    if _refused(error):
         text = text if text.startswith("NOPERM") else f"NOPERM {text}"  # redis-py drops the error code
         return (
             f"the broker at {_shown(url)} does not let the portal's Redis user {action} ({text}): allow that user "
@@ -332,6 +355,7 @@ class SyncResult:
     checked: int = 0
     repaired: list[str] = field(default_factory=list)  # nodes whose user was re-created or put back
     removed: list[str] = field(default_factory=list)  # users of this portal's prefix that no node has
+    leftovers_unchecked: str = ""  # why the leftovers were not looked for (the portal's user may not list users)
 
 
 def broker_users_sync() -> SyncResult:
@@ -344,7 +368,10 @@ def broker_users_sync() -> SyncResult:
     Each repair re-reads the node's user under its row lock, as rotation writes it: a sync that read the hash
     just before a rotation can never put the old password back. Each removal happens under the user's lock and
     after the database said again that no node has it: a node being registered has its user before its row
-    is committed."""
+    is committed.
+
+    A portal's Redis user that may not run ``ACL USERS`` (allowed only what registration needs) still gets every
+    node's user repaired: only the leftovers are not looked for, with a warning (``leftovers_unchecked``)."""
     if not settings.NODE_BROKER_USERS:
         return SyncResult()
     prefix = user_prefix()
@@ -359,8 +386,21 @@ def broker_users_sync() -> SyncResult:
         with client.pipeline(transaction=False) as pipe:
             for _, _, username, _ in nodes:
                 pipe.execute_command("ACL", "GETUSER", username)
-            pipe.execute_command("ACL", "USERS")
-            *found, users = pipe.execute()
+            pipe.execute_command(*LISTING_COMMAND)
+            # Each reply on its own: a refused ACL USERS must not cost the repairs.
+            *found, users = pipe.execute(raise_on_error=False)
+        for reply in found:
+            if isinstance(reply, Exception):
+                raise reply  # _manager says what the portal's user lacks
+        unchecked = ""
+        if isinstance(users, Exception):
+            if not _refused(users):
+                raise users
+            unchecked = (
+                f"the broker at {_shown(settings.NODE_BROKER_URL)} does not let the portal's Redis user list the "
+                f"users ({users}): allow it ACL USERS (ACL SETUSER <user> +acl|users) for leftovers to be removed"
+            )
+            users = []
         for (pk, name, _, stored), reply in zip(nodes, found, strict=True):
             if _user_matches(reply, node_name=name, password_sha256=stored):
                 continue
@@ -391,7 +431,9 @@ def broker_users_sync() -> SyncResult:
         log.warning("re-created or repaired the broker users of %s", ", ".join(repaired))
     if removed:
         log.warning("removed the broker users %s: no node of this portal has them", ", ".join(removed))
-    return SyncResult(checked=len(nodes), repaired=repaired, removed=removed)
+    if unchecked:
+        log.warning("the broker users of this portal's prefix that no node has were not looked for: %s", unchecked)
+    return SyncResult(checked=len(nodes), repaired=repaired, removed=removed, leftovers_unchecked=unchecked)
 
 
 @dataclass(frozen=True)
@@ -403,6 +445,7 @@ class BrokerProbe:
     acl_supported: bool = True
     user: str = ""
     missing: list[str] = field(default_factory=list)  # commands the portal's user may not run
+    cannot_list: bool = False  # it may not run ACL USERS: the sync's leftovers stay
     default_user_open: bool = False  # Redis' default user is on and needs no password
 
 
@@ -416,25 +459,29 @@ def broker_probe() -> BrokerProbe:
             if "unknown" in str(error).lower():
                 return BrokerProbe(acl_supported=False, error=str(error))
             raise
+        commands = (*MANAGER_COMMANDS, LISTING_COMMAND)
         try:
-            missing = [
-                " ".join(command).lower()
-                for command in MANAGER_COMMANDS
+            refused = [
+                command
+                for command in commands
                 if _text(client.execute_command("ACL", "DRYRUN", user, *command, *_probe_args(command))) != "OK"
             ]
         except redis.exceptions.NoPermissionError:
-            missing = [" ".join(command).lower() for command in MANAGER_COMMANDS]
+            refused = list(commands)
         except redis.ResponseError:  # Redis 6.2 has no DRYRUN: ask for something only ACL managers see
             try:
                 client.execute_command("ACL", "GETUSER", user)
-                missing = []
+                refused = []
             except redis.exceptions.NoPermissionError:
-                missing = [" ".join(command).lower() for command in MANAGER_COMMANDS]
+                refused = list(commands)
+        missing = [" ".join(command).lower() for command in refused if command != LISTING_COMMAND]
         default_open = False
         if not missing:
             default = _as_mapping(client.execute_command("ACL", "GETUSER", "default"))
             default_open = "on" in default.get("flags", []) and "nopass" in default.get("flags", [])
-        return BrokerProbe(user=user, missing=missing, default_user_open=default_open)
+        return BrokerProbe(
+            user=user, missing=missing, cannot_list=LISTING_COMMAND in refused, default_user_open=default_open
+        )
     except (redis.ConnectionError, redis.TimeoutError) as error:
         return BrokerProbe(reachable=False, error=str(error))
     finally:

@@ -65,16 +65,27 @@ def check_broker_server(
                 id="nodes.E003",
             )
         )
-    elif probe.default_user_open:
-        messages.append(
-            Warning(
-                f"Redis' default user at {shown} needs no password: anyone who reaches Redis, a node included, "
-                "connects as it with every right, whatever its own broker user may do.",
-                hint="Give it a password (requirepass, and put it in REDIS_URL: redis://:<password>@host:6379/0) or "
-                "switch it off (ACL SETUSER default off, with the portal on a user of its own); docs/agent.md.",
-                id="nodes.W002",
+    else:
+        if probe.cannot_list:
+            messages.append(
+                Warning(
+                    f"The portal's Redis user {probe.user!r} at {shown} may not run acl users: nodes get their broker "
+                    "users and the sync repairs them, but the users of this portal's prefix that no node has any more "
+                    "(a removal that failed) stay.",
+                    hint=f"ACL SETUSER {probe.user} +acl|users (docs/agent.md, 'The broker').",
+                    id="nodes.W006",
+                )
             )
-        )
+        if probe.default_user_open:
+            messages.append(
+                Warning(
+                    f"Redis' default user at {shown} needs no password: anyone who reaches Redis, a node included, "
+                    "connects as it with every right, whatever its own broker user may do.",
+                    hint="Give it a password (requirepass, and put it in REDIS_URL: redis://:<password>@host:6379/0) "
+                    "or switch it off (ACL SETUSER default off, with the portal on a user of its own); docs/agent.md.",
+                    id="nodes.W002",
+                )
+            )
     for alias in databases:
         try:
             names = list(

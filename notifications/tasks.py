@@ -8,7 +8,9 @@ from notifications import services
 from reservations.models import Reservation
 
 
-@shared_task(name="notifications.send_outbox", ignore_result=True)
+# The two that send one booking's mails are given back when their pool process is killed under them
+# (portal/settings.py): a booking's few mails, which beat's drain would otherwise only send a scan later.
+@shared_task(name="notifications.send_outbox", ignore_result=True, reject_on_worker_lost=True)
 def send_outbox(reservation_id: int | None = None) -> dict[str, int]:
     """Once a change commits: send the booking's waiting mails now. Whatever this misses (a send that
     failed, a worker that died) stays in the outbox for beat's drain."""
@@ -21,7 +23,7 @@ def send_due() -> dict[str, int]:
     return services.send_due()
 
 
-@shared_task(name="notifications.booking_changed", ignore_result=True)
+@shared_task(name="notifications.booking_changed", ignore_result=True, reject_on_worker_lost=True)
 def booking_changed(reservation_id: int, verb: str) -> dict[str, int]:
     """Messages queued before the outbox existed (an upgrade with a queue not yet empty): write the
     change's mails now and send them. Nothing queues this task any more."""

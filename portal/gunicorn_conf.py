@@ -31,7 +31,12 @@ control_socket_disable = True
 
 
 # The graceful reload's handover (portal/gunicorn_worker.py, Handover): the master marks each worker it forks as
-# booting, and forgets it once it has exited; a worker told to stop keeps serving while a younger one boots.
+# booting, and forgets it once it has exited; a worker told to stop keeps serving while a younger one boots. The
+# markers live in a folder of this master's own, whatever an earlier one with the same PID left behind.
+def on_starting(server: Any) -> None:
+    Handover.starting(server.pid, server.cfg)
+
+
 def pre_fork(server: Any, worker: Any) -> None:
     Handover(server.pid, server.cfg).forking(worker.age)
 

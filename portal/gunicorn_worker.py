@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import socket
 import sys
@@ -87,12 +88,35 @@ class Handover:
     """Markers in a folder of the gunicorn master's, one per worker, named by the worker's age (gunicorn numbers
     the workers it forks in order): ``<age>.booting`` from the master's fork until the worker serves, then
     ``<age>.ready``, gone when the worker has exited. A worker told to stop first waits, serving, while a younger
-    one is booting: on a graceful reload those are its successors; on a plain stop there is none."""
+    one is booting: on a graceful reload those are its successors; on a plain stop there is none.
+
+    The folder is the master's alone: named after its PID and a random token it draws at its start (``starting``,
+    kept in the environment variable ``RUN_VARIABLE``, which the workers it forks inherit). A master killed before
+    its ``on_exit`` (``docker stop`` sends SIGKILL after 10 s, within graceful_timeout) leaves its folder behind,
+    and in a container the next master has the same PID (1) and the same /tmp (``docker restart`` keeps it): a
+    stale ``<age>.booting`` younger than the new workers would hold every later stop for half of graceful_timeout.
+    The new master never reads that folder, and removes the folders its PID had before (no live master has its
+    PID: masters in containers of their own that share a tmp folder need worker_tmp_dir apart)."""
+
+    RUN_VARIABLE = "GPUBOOK_WEB_RUN"
 
     def __init__(self, master_pid: int, cfg: Any) -> None:
-        self.folder = Path(cfg.worker_tmp_dir or tempfile.gettempdir()) / f"gpubook-web-{master_pid}"
+        self.tmp = Path(cfg.worker_tmp_dir or tempfile.gettempdir())
+        token = os.environ.get(self.RUN_VARIABLE, "")
+        self.folder = self.tmp / f"gpubook-web-{master_pid}-{token}"
 
     # The master's side: gunicorn_conf.py's hooks.
+    @classmethod
+    def starting(cls, master_pid: int, cfg: Any) -> Handover:
+        """The master's start, before it forks: a token of its own, and the folders an earlier master with this PID
+        left (no live master has its PID) go."""
+        os.environ[cls.RUN_VARIABLE] = secrets.token_hex(8)
+        handover = cls(master_pid, cfg)
+        for stale in (handover.tmp / f"gpubook-web-{master_pid}", *handover.tmp.glob(f"gpubook-web-{master_pid}-*")):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+        return handover
+
     def forking(self, age: int) -> None:
         self.folder.mkdir(mode=0o700, exist_ok=True)
         (self.folder / f"{age}.booting").touch()
@@ -115,7 +139,10 @@ class Handover:
             names = os.listdir(self.folder)
         except FileNotFoundError:
             return False
-        return any(name.endswith(".booting") and int(name.split(".")[0]) > age for name in names)
+        return any(
+            state == "booting" and number.isdigit() and int(number) > age
+            for number, _, state in (name.partition(".") for name in names)
+        )
 
 
 class HandoverServer(Server):

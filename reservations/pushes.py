@@ -86,7 +86,9 @@ def pushed_nodes() -> list[Node]:
 # --- the tasks ---------------------------------------------------------------------------------
 # They keep the names they had when they lived in nodes/: the names travel in queued
 # messages and beat's schedule, and a worker drops a message whose task it does not know.
-@shared_task(name="nodes.push_node_leases", ignore_result=True)
+# Given back when its pool process is killed under it (portal/settings.py): one node's state, which beat resends a
+# minute later only.
+@shared_task(name="nodes.push_node_leases", ignore_result=True, reject_on_worker_lost=True)
 def push_node_leases(node_id: int) -> int | None:
     """Send one node its state. The pending mark goes first, so a change committed from now on
     schedules another push instead of being missed."""

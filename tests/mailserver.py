@@ -6,6 +6,7 @@ import asyncio
 import email
 import email.policy
 import threading
+from datetime import UTC, datetime
 from email.message import EmailMessage
 
 from aiosmtpd.controller import Controller
@@ -32,6 +33,7 @@ class _Keeper:
     async def handle_DATA(self, server, session, envelope):  # aiosmtpd calls it by this name
         message = email.message_from_bytes(envelope.content, policy=email.policy.default)
         message["X-Envelope-To"] = ", ".join(envelope.rcpt_tos)
+        message["X-Received-At"] = datetime.now(UTC).isoformat()  # when this server took it: received_at()
         with self.lock:
             self.messages.append(message)
         return "250 Message accepted for delivery"
@@ -85,6 +87,11 @@ class MailServer:
 def subject_of(message: EmailMessage) -> str:
     """The subject as a reader sees it (an encoded, folded header parses with a leading space)."""
     return str(message["Subject"]).strip()
+
+
+def received_at(message: EmailMessage) -> datetime:
+    """When the server took the mail (its end of DATA), on this machine's clock, as the portal's own times are."""
+    return datetime.fromisoformat(str(message["X-Received-At"]))
 
 
 def text_of(message: EmailMessage) -> str:

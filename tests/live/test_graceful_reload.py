@@ -12,12 +12,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
 from django.db import connection
 from django.utils import timezone
 
+from portal.gunicorn_worker import Handover
 from reservations.models import Reservation
 from tests.agent.harness import wait_for
 from tests.live.server import ProductionServer
@@ -141,3 +143,73 @@ def test_a_graceful_reload_under_load_fails_no_request(live_lab, keep_alive):
     assert len(during) >= 10
     booked = {o.booking for o in load.outcomes if o.booking is not None}
     assert set(Reservation.objects.filter(pk__in=booked).values_list("pk", flat=True)) == booked
+
+
+# A master killed before its on_exit leaves its handover markers (portal/gunicorn_worker.py, Handover): `docker stop`
+# sends SIGKILL after 10 s, within graceful_timeout. In a container the next master is PID 1 again, in the same
+# /tmp (`docker restart` keeps it), so markers named after the PID alone were the new master's: a stale booting
+# worker younger than its own held every stop and reload for half of graceful_timeout.
+STALE_MARKERS = """
+for folder in "$0/gpubook-web-$$" "$0/gpubook-web-$$-0123456789abcdef"; do
+  mkdir -p "$folder" && touch "$folder/1000.booting" "$folder/x.booting" "$folder/1.ready"
+done
+exec "$@"
+"""
+GRACEFUL_TIMEOUT = 120  # a worker would wait 60 s for a stale successor
+
+
+class ServerAfterAKilledMaster(ProductionServer):
+    """gunicorn started by a shell that first leaves, under the PID the master will have (``exec`` keeps it, as a
+    container's PID 1 is the same across restarts), the markers a master killed with booting workers left."""
+
+    def __init__(self, tmp: Path, **environment: str) -> None:
+        super().__init__(processes=1, **environment)
+        self.tmp = tmp
+
+    def command(self) -> list[str]:
+        gunicorn, *options = super().command()
+        settings = ["--worker-tmp-dir", str(self.tmp), "--graceful-timeout", str(GRACEFUL_TIMEOUT)]
+        return ["sh", "-c", STALE_MARKERS, str(self.tmp), gunicorn, *settings, *options]
+
+
+def test_markers_a_killed_master_left_under_its_pid_delay_no_reload_or_stop(transactional_db, tmp_path):
+    server = ServerAfterAKilledMaster(tmp_path)
+    server.start()
+    written = lambda: server.log_path.read_text(errors="replace")  # noqa: E731
+    try:
+        assert server.process is not None
+        master = server.process.pid
+        assert requests.get(f"{server.url}/accounts/login/", timeout=60).status_code == 200  # a worker serves
+        assert not list(tmp_path.glob(f"gpubook-web-{master}")) and not list(tmp_path.glob("*-0123456789abcdef"))
+        (old,) = worker_pids(written())
+
+        reload_began = time.monotonic()
+        os.kill(master, signal.SIGHUP)
+        assert wait_for(lambda: gone([old]), timeout=GRACEFUL_TIMEOUT), written()
+        reload_took = time.monotonic() - reload_began
+        assert requests.get(f"{server.url}/accounts/login/", timeout=60).status_code == 200
+
+        stop_began = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        server.process.wait(timeout=GRACEFUL_TIMEOUT)
+        stop_took = time.monotonic() - stop_began
+    finally:
+        server.stop()
+    print(f"\nafter a killed master: the reload took {reload_took:.1f} s, the stop {stop_took:.1f} s")
+    # Well under the 60 s a stale successor would hold each: the reload waits for the new worker to boot only.
+    assert reload_took < 40 and stop_took < 30, written()
+    assert not list(tmp_path.glob("gpubook-web-*"))  # the master's own folder went with it
+
+
+def test_a_stray_file_among_the_markers_is_no_successor(tmp_path, monkeypatch):
+    monkeypatch.setenv(Handover.RUN_VARIABLE, "")  # the master's start sets it; put back after the test
+    cfg = SimpleNamespace(worker_tmp_dir=str(tmp_path))
+    handover = Handover.starting(4242, cfg)
+    handover.forking(3)
+    for stray in ("x.booting", "README", ".booting", "7.booting.tmp"):
+        (handover.folder / stray).touch()
+
+    assert handover.successors_booting(2)  # worker 3 boots
+    assert not handover.successors_booting(3)  # nothing else does: the stray names are nobody's
+    handover.closing()
+    assert not handover.successors_booting(2)

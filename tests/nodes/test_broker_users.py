@@ -391,6 +391,36 @@ def test_the_users_come_back_after_a_redis_restart(broker, db, portal):
     assert broker_users_sync().repaired == []  # idempotent: nothing more to do
 
 
+def test_a_portal_user_that_may_not_list_users_still_gets_every_user_back_after_a_restart(broker, db):
+    """A portal's Redis user allowed what registration needs but not ACL USERS (a hand-made user, a managed Redis):
+    the sync still re-creates every node's user, and only leaves its prefix's leftovers, with a warning; the
+    checks that migrate runs warn (nodes.W006), so docker-compose's `migrate && ...` still starts the portal."""
+    a, b = register("gpu-a")["BROKER_URL"], register("gpu-b")["BROKER_URL"]
+    broker.restart()
+    leftover = f"{TEST_BROKER_USER_PREFIX}gpu-z"  # a deleted node's user whose removal failed
+    broker.admin().execute_command("ACL", "SETUSER", leftover, *acl_rules(node_name="gpu-z", password_sha256="ab" * 32))
+    broker.admin().execute_command("ACL", "SETUSER", "default", "-acl|users")
+    assert refused(broker.admin(), "ACL", "USERS")
+
+    out, err = StringIO(), StringIO()
+    call_command("sync_broker_users", stdout=out, stderr=err)
+
+    assert out.getvalue().strip() == "broker users of 2 node(s): re-created gpu-a, gpu-b"
+    assert "were not looked for" in err.getvalue() and "+acl|users" in err.getvalue()
+    assert broker.portal_password not in err.getvalue()
+    assert as_node(a).ping() and as_node(b).ping()
+    assert broker.admin().acl_getuser(leftover) is not None  # left: it could not be found
+    assert broker_users_sync().repaired == []
+    messages = check_broker_server(databases=["default"])
+    assert [(type(m), m.id) for m in messages] == [(Warning, "nodes.W006")]
+    assert "acl users" in messages[0].msg and "+acl|users" in messages[0].hint
+    call_command("migrate", "--noinput", skip_checks=False, verbosity=0)  # its checks warn, and it goes on
+
+    broker.admin().execute_command("ACL", "SETUSER", "default", "+acl|users")
+    assert broker_users_sync().removed == [leftover]
+    assert check_broker_server(databases=["default"]) == []
+
+
 def test_a_widened_user_is_put_back(broker, db):
     url = register("gpu-a")["BROKER_URL"]
     broker.admin().execute_command("ACL", "SETUSER", USER_A, "+@all", "~*", "allchannels")
@@ -435,6 +465,8 @@ def test_checks_name_a_portal_user_that_may_not_manage_users(broker, db):
     (message,) = check_broker_server(databases=["default"])
     assert (type(message), message.id) == (Error, "nodes.E003")
     assert "client kill" in message.msg and "NODE_BROKER_USERS=false" in message.hint
+    broker.admin().execute_command("ACL", "SETUSER", "default", "+client|kill", "-acl|users")
+    assert [(type(m), m.id) for m in check_broker_server(databases=["default"])] == [(Warning, "nodes.W006")]
 
 
 def test_checks_warn_when_the_broker_does_not_answer(broker, db):
@@ -554,22 +586,33 @@ def test_a_user_named_before_prefixes_keeps_working_until_its_node_gets_new_cred
     assert broker_users_sync() == SyncResult(checked=1)
 
 
-def test_the_default_prefix_is_the_portals_address_and_database_and_names_never_meet(settings):
+def test_the_default_prefix_is_the_portals_address_database_and_key_and_names_never_meet(settings):
     postgres = {"ENGINE": "django.db.backends.postgresql", "HOST": "db", "PORT": 5432, "NAME": "portal"}
-    production = prefix_for(portal_url="https://gpus.example.org", database=postgres)
+    key = "k" * 50
+    production = prefix_for(portal_url="https://gpus.example.org", database=postgres, secret_key=key)
     assert re.fullmatch(r"gpubook-[0-9a-f]{8}\.", production)
-    assert prefix_for(portal_url="https://gpus.example.org/", database=dict(postgres)) == production  # stable
-    assert prefix_for(portal_url="https://staging.gpus.example.org", database=postgres) != production
-    assert prefix_for(portal_url="https://gpus.example.org", database={**postgres, "NAME": "staging"}) != production
+    same = prefix_for(portal_url="https://gpus.example.org/", database=dict(postgres), secret_key=key)
+    assert same == production  # stable
+    # Staging restored from production's dump: the same key, another address or database.
+    assert prefix_for(portal_url="https://staging.gpus.example.org", database=postgres, secret_key=key) != production
+    staging_database = {**postgres, "NAME": "staging"}
+    assert prefix_for(portal_url="https://gpus.example.org", database=staging_database, secret_key=key) != production
     sqlite = {"ENGINE": "django.db.backends.sqlite3", "NAME": "/srv/a/var/portal.sqlite3"}
-    assert prefix_for(portal_url="http://127.0.0.1:8000", database=sqlite) != prefix_for(
-        portal_url="http://127.0.0.1:8000", database={**sqlite, "NAME": "/srv/b/var/portal.sqlite3"}
+    assert prefix_for(portal_url="http://127.0.0.1:8000", database=sqlite, secret_key=key) != prefix_for(
+        portal_url="http://127.0.0.1:8000", database={**sqlite, "NAME": "/srv/b/var/portal.sqlite3"}, secret_key=key
+    )
+    # Two docker-compose stacks left at the defaults on one Redis: only the SECRET_KEY each generated differs.
+    compose = {"ENGINE": "django.db.backends.postgresql", "HOST": "postgres", "PORT": 5432, "NAME": "portal"}
+    assert prefix_for(portal_url="http://localhost:8000", database=compose, secret_key="a" * 50) != prefix_for(
+        portal_url="http://localhost:8000", database=compose, secret_key="b" * 50
     )
     settings.NODE_BROKER_USER_PREFIX = ""
     assert (
         user_prefix()
         == default_user_prefix()
-        == prefix_for(portal_url=settings.PORTAL_URL, database=settings.DATABASES["default"])
+        == prefix_for(
+            portal_url=settings.PORTAL_URL, database=settings.DATABASES["default"], secret_key=settings.SECRET_KEY
+        )
     )
     # One portal's names are never another's, nor taken for one: the prefix ends with the name's one '.'.
     assert own_node_name(f"{production}gpu-a", production) == "gpu-a"

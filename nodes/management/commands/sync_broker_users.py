@@ -3,7 +3,8 @@
 Run at the portal's start (scripts/run, docker-compose's web); beat runs the same every minute.
 Idempotent: a user that is as it should be is left alone, and no open connection is touched. It touches only the
 users its nodes name and those under this portal's prefix (NODE_BROKER_USER_PREFIX, nodes/broker_users.py), never
-another portal's on the same Redis.
+another portal's on the same Redis. A portal's Redis user that may not list the users (ACL USERS) gets the repairs
+done and a warning on stderr: only the leftovers under the prefix are not looked for (nodes.W006).
 
 ``--warn-only`` (docker-compose's web): a nodes' broker that refuses (full: one node's credential can open
 connections until its maxclients; away) is a line on stderr, not a failure, so that the portal starts whatever
@@ -45,3 +46,7 @@ class Command(BaseCommand):
         self.stdout.write(f"broker users of {result.checked} node(s){repaired}")
         if result.removed:
             self.stdout.write(f"removed {', '.join(result.removed)}: users of this portal's prefix that no node has")
+        if result.leftovers_unchecked:
+            self.stderr.write(
+                f"Warning: leftovers of this portal's prefix were not looked for: {result.leftovers_unchecked}"
+            )
