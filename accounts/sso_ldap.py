@@ -4,10 +4,10 @@ from LDAP_STAFF_GROUP), and, with UNIX_USERNAME_SOURCE=directory (the default wh
 the unix username from ``LDAP_UNIX_USERNAME_ATTR`` (default ``uid``), refused unless it passes the
 portal's rule (accounts.validators).
 
-A directory out of reach (stopped, or not answering) is not a wrong password: the login page says the directory
-cannot be reached, answers 503 with Retry-After, and counts no failed login (which would lock people, and their
-address with every local admin behind it, out of the portal for the outage). Local accounts log in as ever:
-``DirectoryAwayBackend`` comes after Django's own backend."""
+A directory out of reach (stopped, or not answering) is not a wrong password: the login page (admin's too) says
+the directory cannot be reached, answers 503 with Retry-After, and counts no failed login (which would lock people,
+and their address with every local admin behind it, out of the portal for the outage). Local accounts log in as
+ever: ``DirectoryAwayBackend`` comes after Django's own backend."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def note_directory_away(
 
 class DirectoryAwayBackend(BaseBackend):
     """The last backend: when no other took the login and the directory could not be reached, raise
-    DirectoryUnreachable, which the login form shows (accounts/sso.py). Raising, not returning None, keeps Django
-    from announcing a failed login, which the lockouts would count."""
+    DirectoryUnreachable, which both login forms show, the portal's and admin's (accounts/sso.py). Raising, not
+    returning None, keeps Django from announcing a failed login, which the lockouts would count."""
 
     def authenticate(self, request: HttpRequest | None, **credentials: Any) -> None:
         if request is not None and getattr(request, "directory_unreachable", False):

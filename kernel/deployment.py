@@ -2,16 +2,19 @@
 (portal/checks.py) share, so each is written once (docs/security.md, "Refused at start").
 
 - A value copied from deploy/portal.env.example and never filled in: its secrets all begin with
-  ``replace-with-``, which anybody who has read the example knows.
+  ``replace-with-``, which anybody who has read the example knows. Only where it stands as a secret (a
+  variable's value, a URL's password): the phrase in a sentence, such as a commit message a CI service puts in
+  the environment, stops nothing.
 - A SECRET_KEY that can be guessed: Django's own rule (its deployment check security.W009), which
   here stops every process, because every calendar feed URL and session is signed with it.
 - Which host names are this machine's: DEBUG is for those only, and a portal that names nothing else
-  is a trial on one machine (the demo, a laptop), where https cannot be asked for.
+  (and has no proxy in front) is a trial on one machine (the demo, a laptop), where https cannot be asked for.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
@@ -27,10 +30,25 @@ GENERATE_SECRET = "python3 -c 'import secrets; print(secrets.token_urlsafe(50))'
 GENERATE_PASSWORD = "python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"  # noqa: S105
 
 
+# A placeholder as a value: the whole of it (SECRET_KEY=replace-with-...), or a URL's credential or part
+# (redis://:replace-with-...@redis, ?password=replace-with-...). Not the words in a sentence: CI services put the
+# commit message in the environment (GitLab's CI_COMMIT_MESSAGE, Buildkite's BUILDKITE_MESSAGE), and ours name
+# the placeholders.
+_PLACEHOLDER_VALUE = re.compile(rf"(?:\A|[:=/@]){re.escape(PLACEHOLDER)}[A-Za-z0-9_.-]*(?=\Z|[@/:?#&;])")
+# The variables a placeholder reaches the portal through: the secrets of deploy/portal.env.example (each ends so, as
+# tests/test_settings.py checks), and the URLs, passwords, keys, tokens and secret files of everything else the
+# portal reads (EMAIL_URL, LDAP_BIND_PASSWORD, OIDC_RP_CLIENT_SECRET, SECRET_KEY_FILE, ...).
+_SECRET_ENDINGS = ("_URL", "_PASSWORD", "_SECRET", "_KEY", "_TOKEN", "_FILE")
+
+
 def placeholder_names(environ: Mapping[str, str]) -> list[str]:
-    """The variables whose value still holds an example's placeholder, in order. A URL counts too: DATABASE_URL
-    carries POSTGRES_PASSWORD's placeholder once Compose has put it in."""
-    return sorted(name for name, value in environ.items() if PLACEHOLDER in value)
+    """The variables whose value still is an example's placeholder, or carries one, in order. A URL counts too:
+    DATABASE_URL carries POSTGRES_PASSWORD's placeholder once Compose has put it in."""
+    return sorted(
+        name
+        for name, value in environ.items()
+        if name.upper().endswith(_SECRET_ENDINGS) and _PLACEHOLDER_VALUE.search(value.strip())
+    )
 
 
 def placeholder_refusal(names: Iterable[str]) -> str:
@@ -75,17 +93,57 @@ def is_local_host(host: str) -> bool:
         return False
 
 
-def _is_machine_name(host: str) -> bool:
-    """A name without a dot (a container's, such as docker-compose's "web"): no public name, so no certificate
-    for it either. Not '*' nor an address."""
+def is_machine_name(host: str) -> bool:
+    """A name without a dot, such as a container's (docker-compose's "web"): no public name. Not '*' nor an
+    address."""
     name = host.strip().lower()
     if not name or name == "*" or "." in name or ":" in name:
         return False
     return all(c.isalnum() or c in "-_" for c in name)
 
 
-def this_machine_only(portal_url: str, allowed_hosts: Iterable[str]) -> bool:
-    """The portal says it is reached on this machine: PORTAL_URL's host is local and every name it answers to is
-    local or a machine name (the demo, scripts/run, docker-compose's example). There is no https to insist on."""
-    host = urlsplit(portal_url).hostname or ""
-    return is_local_host(host) and all(is_local_host(name) or _is_machine_name(name) for name in allowed_hosts)
+def _host_of(origin: str) -> str:
+    return urlsplit(origin).hostname or origin
+
+
+def reached_from_elsewhere(
+    *,
+    portal_url: str,
+    allowed_hosts: Iterable[str],
+    local_names: Iterable[str],
+    csrf_trusted_origins: Iterable[str],
+    trust_x_forwarded_proto: bool,
+    use_x_forwarded_host: bool,
+    num_proxies: int,
+) -> list[str]:
+    """Why others reach the portal, in words; empty when it says it is reached on this machine alone (the demo,
+    scripts/run, docker-compose's example), where there is no https to insist on.
+
+    A name without a dot is no sign of that by itself: nginx's default ``proxy_set_header Host $proxy_host`` sends
+    the upstream's name (``web``) for a public site, and an intranet's short names (``gpus``) reach a network. So
+    only the names LOCAL_HOST_NAMES lists (the containers' names on this machine) count as local besides
+    localhost, and none does once a proxy is in front (its headers trusted, or NUM_PROXIES) or a CSRF origin names
+    another host: both are there for a site others reach. PORTAL_URL's host must be localhost or a loopback."""
+    local = {name.strip().lower() for name in local_names}
+    reasons = []
+    portal_host = urlsplit(portal_url).hostname or ""
+    if not is_local_host(portal_host):
+        reasons.append(f"PORTAL_URL names {portal_host or portal_url!r}")
+    hosts = [name for name in allowed_hosts if not is_local_host(name) and name.strip().lower() not in local]
+    if hosts:
+        reasons.append(f"ALLOWED_HOSTS names {', '.join(hosts)}")
+    origins = [
+        origin
+        for origin in csrf_trusted_origins
+        if not is_local_host(_host_of(origin)) and _host_of(origin).lower() not in local
+    ]
+    if origins:
+        reasons.append(f"CSRF_TRUSTED_ORIGINS names {', '.join(origins)}")
+    proxy = [
+        *(["TRUST_X_FORWARDED_PROTO=true"] if trust_x_forwarded_proto else []),
+        *(["USE_X_FORWARDED_HOST=true"] if use_x_forwarded_host else []),
+        *([f"NUM_PROXIES={num_proxies}"] if num_proxies > 0 else []),
+    ]
+    if proxy:
+        reasons.append(f"a proxy is in front of it: {', '.join(proxy)}")
+    return reasons

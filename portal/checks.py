@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, register
 
-from kernel.deployment import is_local_host
+from kernel.deployment import is_local_host, reached_from_elsewhere
 
 
 @register(Tags.security)
@@ -42,14 +42,37 @@ def check_debug_only_on_this_machine(app_configs: Any = None, **kwargs: Any) -> 
 def check_portal_url_is_https(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """PORTAL_URL is the address people and agents use: http there sends passwords, session cookies, API and
     node tokens and feed URLs across the network in clear. A deployment check (quiet under DEBUG, which
-    portal.E001 keeps to this machine, and for a local host: the demo and scripts/run)."""
+    portal.E001 keeps to this machine, and for a portal reached on this machine alone: the demo, scripts/run)."""
     url = urlsplit(settings.PORTAL_URL)
-    if settings.DEBUG or url.scheme != "http" or is_local_host(url.hostname or ""):
+    if settings.DEBUG or url.scheme != "http":
         return []
+    reasons = reached_from_elsewhere(
+        portal_url=settings.PORTAL_URL,
+        allowed_hosts=settings.ALLOWED_HOSTS,
+        local_names=settings.LOCAL_HOST_NAMES,
+        csrf_trusted_origins=settings.CSRF_TRUSTED_ORIGINS,
+        trust_x_forwarded_proto=settings.TRUST_X_FORWARDED_PROTO,
+        use_x_forwarded_host=settings.USE_X_FORWARDED_HOST,
+        num_proxies=settings.NUM_PROXIES,
+    )
+    if not reasons:
+        return []
+    if is_local_host(url.hostname or ""):
+        # Behind a proxy, say, with the example's PORTAL_URL left as it was: mails and agents are sent to this
+        # machine's name, and Django's https warnings would have stayed quiet without this.
+        message = (
+            f"PORTAL_URL ({settings.PORTAL_URL}) is http on this machine's name while others reach the portal "
+            f"({'; '.join(reasons)}): links in mails and the address given to agents point at this machine's own "
+            "name, over http."
+        )
+    else:
+        message = (
+            f"PORTAL_URL ({settings.PORTAL_URL}) is http on a host others reach: passwords, session cookies, API "
+            "and node tokens and calendar feed URLs would cross the network in clear."
+        )
     return [
         Error(
-            f"PORTAL_URL ({settings.PORTAL_URL}) is http on a host others reach: passwords, session cookies, API "
-            "and node tokens and calendar feed URLs would cross the network in clear.",
+            message,
             hint="Serve the portal over https behind a TLS-terminating proxy and set PORTAL_URL=https://... with "
             "TRUST_X_FORWARDED_PROTO=true (docs/security.md). A lab that accepts http on a network of its own "
             "says so with SILENCED_SYSTEM_CHECKS=portal.E002.",

@@ -19,11 +19,12 @@ from django.core.exceptions import ImproperlyConfigured
 
 from kernel.db_pool import RECONNECT_SECONDS, try_again
 from kernel.deployment import (
+    is_machine_name,
     placeholder_names,
     placeholder_refusal,
+    reached_from_elsewhere,
     secret_key_refusal,
     secret_key_weakness,
-    this_machine_only,
 )
 from kernel.env import envbool, envchoice, envfloat, envint, envlist, envstr
 
@@ -56,6 +57,15 @@ def _secret_key() -> str:
 SECRET_KEY = _secret_key()
 DEBUG = envbool("DEBUG", False)
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+# Names in ALLOWED_HOSTS that are this machine's all the same: its containers' (docker-compose's example answers to
+# its service name, web), which no certificate can name. With localhost and loopback addresses they make a portal
+# reached on this machine only, which `check --deploy` asks no https of (kernel/deployment.py).
+LOCAL_HOST_NAMES = envlist("LOCAL_HOST_NAMES", ["web"])
+if not all(is_machine_name(name) for name in LOCAL_HOST_NAMES):
+    raise ImproperlyConfigured(
+        f"LOCAL_HOST_NAMES={','.join(LOCAL_HOST_NAMES)}: list only names without a dot (this machine's containers, "
+        "such as web); a name others can reach is never local."
+    )
 SITE_NAME = envstr("SITE_NAME", "GPU booking portal")
 # How node agents and emails reach the portal.
 PORTAL_URL = envstr("PORTAL_URL", "http://127.0.0.1:8000")
@@ -106,11 +116,6 @@ if not SECURE_HSTS_PRELOAD:
     # Asking browsers to preload the domain is a separate, hard-to-undo decision (hstspreload.org),
     # not a default: not making it is no warning.
     SILENCED_SYSTEM_CHECKS.append("security.W021")
-if this_machine_only(PORTAL_URL, ALLOWED_HOSTS):
-    # A portal reached on this machine only (scripts/run, docker-compose's example: an http PORTAL_URL on a local
-    # host, and no name but local and container ones) has no https to insist on, and secure cookies would log
-    # nobody in. Once it names a public host, `check --deploy` asks for all four (docs/security.md).
-    SILENCED_SYSTEM_CHECKS += ["security.W004", "security.W008", "security.W012", "security.W016"]
 
 INSTALLED_APPS = [
     "daphne",
@@ -157,6 +162,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Turns a login refused because of a lockout into the page that says when to retry (accounts/throttling.py).
     "accounts.throttling.LoginLockoutMiddleware",
+    # A login the directory (LDAP) could not check, on either login page: 503 and Retry-After (accounts/sso.py).
+    "accounts.sso.DirectoryAwayMiddleware",
     # The database restarting, Redis away, a lock timeout: 503 with words and Retry-After, not 500 (kernel/outages.py).
     "kernel.outages.OutageMiddleware",
 ]
@@ -284,6 +291,19 @@ API_TOKEN_FAILURES_PER_MINUTE = envint("API_TOKEN_FAILURES_PER_MINUTE", 20)
 NUM_PROXIES = envint("NUM_PROXIES", 0)
 if NUM_PROXIES < 0:
     raise ImproperlyConfigured("NUM_PROXIES must be 0 or more.")
+if not reached_from_elsewhere(
+    portal_url=PORTAL_URL,
+    allowed_hosts=ALLOWED_HOSTS,
+    local_names=LOCAL_HOST_NAMES,
+    csrf_trusted_origins=CSRF_TRUSTED_ORIGINS,
+    trust_x_forwarded_proto=TRUST_X_FORWARDED_PROTO,
+    use_x_forwarded_host=USE_X_FORWARDED_HOST,
+    num_proxies=NUM_PROXIES,
+):
+    # A portal reached on this machine only (scripts/run, docker-compose's example: an http PORTAL_URL on localhost,
+    # no name but local ones and LOCAL_HOST_NAMES, no proxy in front) has no https to insist on, and secure cookies
+    # would log nobody in. Once others reach it, `check --deploy` asks for all four (docs/security.md).
+    SILENCED_SYSTEM_CHECKS += ["security.W004", "security.W008", "security.W012", "security.W016"]
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_FAILURE_LIMIT = LOGIN_FAILURE_LIMIT
 AXES_COOLOFF_TIME = timedelta(minutes=LOGIN_LOCKOUT_MINUTES)
@@ -482,13 +502,17 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A worker killed mid-task leaves nothing half-done (docs/operations.md, "A worker killed mid-task"): every task
 # is idempotent (each writes in its own transactions, mail and alerts are claimed by a compare-and-swap, a push
-# sends a node's whole state), so a task is acknowledged only once it has run, and a pool process killed under
-# it (the OOM killer) gives it back at once for another process to run. A whole worker killed holds its
-# task unacknowledged in Redis until CELERY_VISIBILITY_TIMEOUT_SECONDS have passed, then any worker runs it
-# (or drops it, when its `expires` has passed: beat's next run does the same work). Keep it above the
-# longest task and the longest countdown (under a second here), or Redis hands a running task out twice.
+# sends a node's whole state), so a task is acknowledged only once it has run. A pool process killed under a task
+# (the OOM killer) gives it back at once only where the task says so (`reject_on_worker_lost=True`: the short
+# ones bounded by one node or booking that nothing else would redo soon, such as a node's lease push); anywhere
+# else, a task that kills its process every time (an OOM in a large prune or rollup) would come back at once,
+# forever, and starve the worker. The others are dropped as failed, and beat's next run of the periodic job does
+# the same work. A whole worker killed holds its task unacknowledged in Redis until
+# CELERY_VISIBILITY_TIMEOUT_SECONDS have passed, then any worker runs it (or drops it, when its `expires` has
+# passed). Keep it above the longest task and the longest countdown (under a second here), or Redis hands a
+# running task out twice.
 CELERY_TASK_ACKS_LATE = True
-CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = False
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT_SECONDS", 3600)}
 
 # Node agents (docs/architecture.md, "leases"). Pushes of a node's leases coalesce over this many
@@ -519,7 +543,8 @@ NODE_BROKER_USERS = envbool("NODE_BROKER_USERS", True)
 # What this portal's node broker users' names start with (nodes/broker_users.py): Redis ACL users belong to a
 # whole server, so two portals on one Redis (production and staging, a test run beside the demo) keep apart by
 # it, and the sync removes only users under its own prefix. Letters, digits, '-' and '_', then a '.'. Empty:
-# derived from PORTAL_URL and the database (broker_users.default_user_prefix), stable across restarts.
+# an HMAC under SECRET_KEY of PORTAL_URL and the database (broker_users.default_user_prefix), stable across
+# restarts; rotating SECRET_KEY changes it for credentials issued afterwards (docs/operations.md).
 NODE_BROKER_USER_PREFIX = envstr("NODE_BROKER_USER_PREFIX", "")
 # The nodes' broker as the nodes reach it, when that differs from the portal's own address for it (the portal
 # on 127.0.0.1, the nodes over the network); with NODE_BROKER_USERS its user and password are replaced

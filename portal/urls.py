@@ -5,9 +5,13 @@ from django.urls import include, path
 from django.views.decorators.http import require_safe
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from accounts.sso import AdminLoginForm
+
 admin.site.site_header = "GPU booking portal"
 admin.site.site_title = "GPU booking portal"
 admin.site.index_title = "Lab administration"
+# A directory out of reach is said on admin's login page as on the portal's, not a 500 (accounts/sso.py).
+admin.site.login_form = AdminLoginForm
 
 
 @require_safe

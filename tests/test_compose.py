@@ -385,6 +385,41 @@ def test_the_web_server_starts_only_after_the_deployment_checks(tmp_path: Path) 
 
 
 @needs_compose
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["{bin}/gunicorn", "--bind", "0.0.0.0:8000", "app:application"],  # by its path
+        ["uvicorn", "--port", "8000", "app:application"],
+        ["daphne", "--port", "8000", "app:application"],
+        ["{bin}/serve", "-m", "portal.serve"],
+        ["{bin}/serve", "portal.asgi:application"],
+        ["sh", "-c", "exec gunicorn\n  --bind 0.0.0.0:8000 app:application"],  # a line break after the name
+    ],
+)
+def test_every_way_of_starting_a_web_server_runs_the_checks_first(tmp_path: Path, command: list[str]) -> None:
+    """Review of issue 37: only ` gunicorn ` and ` portal.serve ` as words ran the checks, so `/usr/local/bin/gunicorn`,
+    uvicorn or daphne served an example's placeholders. Stand-ins here, which say whether they ran."""
+    stand_ins = tmp_path / "bin"
+    stand_ins.mkdir()
+    for name in ("gunicorn", "uvicorn", "daphne", "serve"):
+        (stand_ins / name).write_text('#!/bin/sh\necho "serving with $0"\n')
+        (stand_ins / name).chmod(0o755)
+    command = [word.format(bin=stand_ins) for word in command]
+    path = f"{stand_ins}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+
+    as_copied = json.loads(compose("config", "--format", "json").stdout)["services"]["web"]["environment"]
+    refused = entrypoint(command, {**as_copied, "PATH": path}, tmp_path)
+    assert refused.returncode != 0
+    assert "serving" not in refused.stdout
+    assert "POSTGRES_PASSWORD, REDIS_PASSWORD, REDIS_URL, SECRET_KEY still hold placeholders" in refused.stderr
+
+    filled = json.loads(compose("config", "--format", "json", env_file=filled_in(tmp_path)).stdout)["services"]
+    started = entrypoint(command, {**filled["web"]["environment"], "PATH": path}, tmp_path)
+    assert started.returncode == 0, started.stderr
+    assert "no issues" in started.stdout and "serving with" in started.stdout
+
+
+@needs_compose
 def test_the_agents_and_the_other_processes_start_without_the_web_servers_checks(tmp_path: Path) -> None:
     """The agent has no portal settings (the check would fail for want of them, not for a mistake); worker, beat
     and the rest read the same settings as web, which checks them (a placeholder stops them at import anyway)."""

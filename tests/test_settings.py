@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -12,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from kernel.deployment import placeholder_names
+
 ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_ENV = ROOT / "deploy" / "portal.env.example"
 
 # Variables a test's environment must not inherit from the shell that runs pytest.
 _OURS = {
@@ -36,6 +40,8 @@ _OURS = {
     "DJANGO_SETTINGS_MODULE",
     "NODE_BROKER_URL",
     "NODE_BROKER_SHARED",
+    "NUM_PROXIES",
+    "LOCAL_HOST_NAMES",
 }
 
 # The production environment docs/security.md documents, behind a TLS-terminating proxy.
@@ -146,6 +152,47 @@ def test_every_placeholder_is_named_at_once(tmp_path):
     assert "NODE_BROKER_URL, SECRET_KEY still hold placeholders from deploy/portal.env.example" in done.stderr
 
 
+def test_a_commit_message_naming_the_placeholders_stops_nothing(tmp_path):
+    """Review of issue 37: CI services put the commit message in the environment (GitLab's CI_COMMIT_MESSAGE,
+    Buildkite's BUILDKITE_MESSAGE), and ours name the placeholders. Only a placeholder standing as a value or a
+    URL's password stops the portal, and only in a variable that can carry a secret."""
+    message = (
+        "Refuse a replace-with- placeholder at start (issue 37)\n\nThe example's "
+        "SECRET_KEY=replace-with-a-generated-secret and\n"
+        "REDIS_URL=redis://:replace-with-a-generated-redis-password@redis:6379/0 stop every process."
+    )
+    done = run(
+        ["manage.py", "check"],
+        tmp_path,
+        CI_COMMIT_MESSAGE=message,
+        BUILDKITE_MESSAGE=message,
+        CHANGELOG_URL="https://example.org/changes/ (the replace-with- placeholders are refused)",
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_placeholder_of_the_example_is_found_as_copied_and_inside_its_urls():
+    """Whatever deploy/portal.env.example gains: each placeholder it holds, and each URL Compose makes of one."""
+    example = dict(
+        line.split("=", 1) for line in EXAMPLE_ENV.read_text().splitlines() if line and not line.startswith("#")
+    )
+    copied = {name: value for name, value in example.items() if "replace-with-" in value}
+    assert len(copied) >= 4
+    assert placeholder_names(copied) == sorted(copied)
+    urls = {
+        name: re.sub(r"\$\{(\w+)\}", lambda variable: example[variable[1]], value)
+        for name, value in example.items()
+        if "${" in value
+    }
+    assert {"DATABASE_URL", "REDIS_URL", "NODE_BROKER_URL"} <= set(urls)
+    assert placeholder_names(urls) == sorted(urls)
+    # A secret's file (SECRET_KEY_FILE) and a password in a query string are found too.
+    assert placeholder_names({"SECRET_KEY_FILE": "replace-with-a-generated-secret\n"}) == ["SECRET_KEY_FILE"]
+    assert placeholder_names({"EMAIL_URL": "smtp://mail.example.org:587/?password=replace-with-it&tls=True"}) == [
+        "EMAIL_URL"
+    ]
+
+
 def test_a_secret_file_holding_a_placeholder_stops_the_portal(tmp_path):
     secret = tmp_path / "secret_key"
     secret.write_text("replace-with-a-generated-secret\n")
@@ -199,6 +246,40 @@ def test_an_http_portal_url_for_the_world_is_refused_by_the_deployment_checks(tm
     assert run(["manage.py", "check"], tmp_path, **production).returncode == 0
     done = run(["manage.py", "check", "--deploy"], tmp_path, **production, SILENCED_SYSTEM_CHECKS="portal.E002")
     assert "portal.E002" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [
+        # nginx's default `proxy_set_header Host $proxy_host` sends the upstream's name, e.g. web, for a public site.
+        {"ALLOWED_HOSTS": "web", "TRUST_X_FORWARDED_PROTO": "true"},
+        {"ALLOWED_HOSTS": "localhost,127.0.0.1,web", "NUM_PROXIES": "1"},
+        {"ALLOWED_HOSTS": "localhost,web", "USE_X_FORWARDED_HOST": "true"},
+        {"ALLOWED_HOSTS": "web", "CSRF_TRUSTED_ORIGINS": "https://gpus.example.org"},
+        {"ALLOWED_HOSTS": "localhost,gpus"},  # an intranet's short name
+    ],
+)
+def test_a_portal_others_reach_is_asked_for_https_whatever_its_names(tmp_path, environment):
+    """Review of issue 37: any name without a dot counted as this machine's, so a portal behind a TLS proxy with
+    ALLOWED_HOSTS=web and the example's PORTAL_URL had Django's https warnings silenced and portal.E002 quiet. Only
+    LOCAL_HOST_NAMES (web by default) are local besides localhost, and none is behind a proxy or a public origin."""
+    done = run(DEPLOY_CHECK, tmp_path, NODE_BROKER_SHARED="true", PORTAL_URL="http://localhost:8000", **environment)
+    assert done.returncode != 0
+    assert (
+        "(portal.E002) PORTAL_URL (http://localhost:8000) is http on this machine's name while others reach the portal"
+        in done.stderr
+    )
+    for check in ("security.W004", "security.W008", "security.W012", "security.W016"):
+        assert check in done.stderr
+
+
+def test_local_host_names_lists_this_machines_container_names_only(tmp_path):
+    done = run(DEPLOY_CHECK, tmp_path, NODE_BROKER_SHARED="true", ALLOWED_HOSTS="localhost,gpubox",
+               LOCAL_HOST_NAMES="gpubox")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    done = run(["manage.py", "check"], tmp_path, LOCAL_HOST_NAMES="web,gpus.example.org")
+    assert done.returncode != 0
+    assert "LOCAL_HOST_NAMES=web,gpus.example.org: list only names without a dot" in done.stderr
 
 
 def test_check_deploy_warns_when_the_nodes_share_the_portals_redis(tmp_path):

@@ -182,3 +182,35 @@ def test_with_the_directory_away_a_login_says_so_counts_no_failure_and_local_acc
     assert "_auth_user_id" not in client.session
     # Nothing was counted against dana or the address: the local admin, from the same address, logs in.
     assert log_in(client, "root-admin", "local-admin-password").status_code == 302
+
+
+def test_with_the_directory_away_the_admin_login_says_so_too(settings, client, db):
+    """Review of issue 37: Django admin's own login form let DirectoryUnreachable through, a 500. It now says what
+    the portal's login page says, with the same 503, and its staff check stays."""
+    import ldap
+    from django_auth_ldap.config import LDAPSearch
+
+    away = Directory()
+    away.start()
+    away.add_person("dana", DANA_PASSWORD, given="Dana", surname="Scully")
+    settings.AUTH_LDAP_SERVER_URI = away.uri
+    settings.AUTH_LDAP_BIND_DN, settings.AUTH_LDAP_BIND_PASSWORD = ADMIN_DN, ADMIN_PASSWORD
+    settings.AUTH_LDAP_USER_SEARCH = LDAPSearch(PEOPLE, ldap.SCOPE_SUBTREE, "(uid=%(user)s)")
+    settings.AUTHENTICATION_BACKENDS = BACKENDS
+    admin = UserFactory(username="root-admin", is_staff=True)
+    admin.set_password("local-admin-password")
+    admin.save()
+    admin_login = "/admin/login/?next=/admin/"
+    # dana is in the directory but no staff: admin refuses her while the directory answers.
+    refused = client.post(admin_login, {"username": "dana", "password": DANA_PASSWORD})
+    assert refused.status_code == 200 and "staff account" in refused.content.decode()
+    client.logout()
+    away.stop()
+
+    refused = client.post(admin_login, {"username": "dana", "password": DANA_PASSWORD})
+    assert refused.status_code == 503 and refused["Retry-After"] == "60"
+    assert "The directory that checks passwords cannot be reached just now" in refused.content.decode()
+    assert "_auth_user_id" not in client.session
+    # A local admin logs in to admin as ever.
+    done = client.post(admin_login, {"username": "root-admin", "password": "local-admin-password"})
+    assert done.status_code == 302 and done["Location"] == "/admin/"

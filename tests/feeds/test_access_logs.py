@@ -10,6 +10,8 @@ import logging
 import os
 import subprocess
 import sys
+import time
+import timeit
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import unquote
@@ -158,6 +160,43 @@ MAC = "Zk3" + "q" * 40
 )
 def test_every_spelling_of_a_secret_is_redacted(text, logged):
     assert redact_secrets(text) == (text if logged is None else logged)
+
+
+# What a client can put in a path to make the redaction costly: no escape at all after a "%" ("%zz", "%2": each
+# character began a match that scanned the rest of the word), escapes everywhere, runs the MAC, token, feed path,
+# OIDC and API token patterns look at, and words cut short by quotes.
+HOSTILE = ["%zz", "%2", "%41", "/feeds/%2e", "a", "a-", "aB1", "1.mine.", "1.n1", "/feeds/1..", "?code=", "gpb_", '"%4']
+
+
+def redaction_cost(text: str) -> float:
+    """The CPU time of redacting ``text``, the least of a few: a thread's own time, which a busy machine running
+    other processes does not add to, and the least of several is the one its caches disturbed least."""
+    return min(timeit.repeat(lambda: redact_secrets(text), number=1, repeat=5, timer=time.thread_time))
+
+
+@pytest.mark.parametrize("piece", HOSTILE)
+def test_redacting_a_line_costs_in_proportion_to_its_length(piece):
+    """Review of issue 37: a path of 16 KB of "%zz" took 0.9 s to redact, 32 KB 3.3 s (quadratic), in the web
+    worker, twice a request. Eight times the line may now cost about eight times as much, never 64: the bound of 20
+    leaves room for a noisy machine, and a try over it is measured again before it counts."""
+
+    def access_line(size: int) -> str:
+        return f'127.0.0.1:4711 - - [01/Jan/2027:00:00:00] "GET /{piece * (size // len(piece))} HTTP/1.1" 404 9'
+
+    short, long = access_line(4 * 1024), access_line(32 * 1024)
+    for _ in range(3):
+        ratio = redaction_cost(long) / redaction_cost(short)
+        if ratio < 20:
+            break
+    assert ratio < 20, f"32 KB of {piece!r} cost {ratio:.0f} times what 4 KB did"
+
+
+def test_a_word_with_escapes_longer_than_any_request_line_is_written_as_its_length():
+    """Not decoded and looked at: somebody's probe, whose redaction must stay cheap."""
+    probe = "/" + "%41" * 3000
+    assert redact_secrets(f"GET {probe} HTTP/1.1") == "GET [redacted: 9001 characters with percent escapes] HTTP/1.1"
+    normal = "/" + "%41" * 2000  # a long URL a server accepts is still decoded, and left as sent when nothing is secret
+    assert redact_secrets(f"GET {normal} HTTP/1.1") == f"GET {normal} HTTP/1.1"
 
 
 # The web server as deployed: portal/serve.py in a subprocess.
