@@ -151,28 +151,38 @@ def test_a_member_of_the_active_group_logs_in(client, active_group, db):
     assert User.objects.get(username="erin").is_active
 
 
-def test_with_the_directory_away_a_login_says_so_counts_no_failure_and_local_accounts_still_log_in(
-    settings, client, db
-):
-    """The directory stopped (docs/operations.md, "When a dependency is away"): its people are told the directory
-    cannot be reached, not that their password is wrong, and no lockout counts against them; a local account
-    (an admin's) logs in as ever."""
+@pytest.fixture
+def directory_to_stop(settings, db) -> Iterator[Directory]:
+    """A directory of its own with dana in it, the portal logging in through it, and a local admin (root-admin,
+    local-admin-password) beside it; the test stops it when it likes, and it is stopped in any case."""
     import ldap
     from django_auth_ldap.config import LDAPSearch
 
     away = Directory()
     away.start()
-    away.add_person("dana", DANA_PASSWORD, given="Dana", surname="Scully")
-    settings.AUTH_LDAP_SERVER_URI = away.uri
-    settings.AUTH_LDAP_BIND_DN, settings.AUTH_LDAP_BIND_PASSWORD = ADMIN_DN, ADMIN_PASSWORD
-    settings.AUTH_LDAP_USER_SEARCH = LDAPSearch(PEOPLE, ldap.SCOPE_SUBTREE, "(uid=%(user)s)")
-    settings.AUTHENTICATION_BACKENDS = BACKENDS
-    admin = UserFactory(username="root-admin", is_staff=True)
-    admin.set_password("local-admin-password")
-    admin.save()
+    try:
+        away.add_person("dana", DANA_PASSWORD, given="Dana", surname="Scully")
+        settings.AUTH_LDAP_SERVER_URI = away.uri
+        settings.AUTH_LDAP_BIND_DN, settings.AUTH_LDAP_BIND_PASSWORD = ADMIN_DN, ADMIN_PASSWORD
+        settings.AUTH_LDAP_USER_SEARCH = LDAPSearch(PEOPLE, ldap.SCOPE_SUBTREE, "(uid=%(user)s)")
+        settings.AUTHENTICATION_BACKENDS = BACKENDS
+        admin = UserFactory(username="root-admin", is_staff=True)
+        admin.set_password("local-admin-password")
+        admin.save()
+        yield away
+    finally:
+        away.stop()
+
+
+def test_with_the_directory_away_a_login_says_so_counts_no_failure_and_local_accounts_still_log_in(
+    directory_to_stop, settings, client
+):
+    """The directory stopped (docs/operations.md, "When a dependency is away"): its people are told the directory
+    cannot be reached, not that their password is wrong, and no lockout counts against them; a local account
+    (an admin's) logs in as ever."""
     assert log_in(client, "dana", DANA_PASSWORD).status_code == 302
     client.logout()
-    away.stop()
+    directory_to_stop.stop()
 
     for _ in range(settings.LOGIN_FAILURE_LIMIT + 1):
         refused = log_in(client, "dana", DANA_PASSWORD)
@@ -184,28 +194,15 @@ def test_with_the_directory_away_a_login_says_so_counts_no_failure_and_local_acc
     assert log_in(client, "root-admin", "local-admin-password").status_code == 302
 
 
-def test_with_the_directory_away_the_admin_login_says_so_too(settings, client, db):
+def test_with_the_directory_away_the_admin_login_says_so_too(directory_to_stop, client):
     """Review of issue 37: Django admin's own login form let DirectoryUnreachable through, a 500. It now says what
     the portal's login page says, with the same 503, and its staff check stays."""
-    import ldap
-    from django_auth_ldap.config import LDAPSearch
-
-    away = Directory()
-    away.start()
-    away.add_person("dana", DANA_PASSWORD, given="Dana", surname="Scully")
-    settings.AUTH_LDAP_SERVER_URI = away.uri
-    settings.AUTH_LDAP_BIND_DN, settings.AUTH_LDAP_BIND_PASSWORD = ADMIN_DN, ADMIN_PASSWORD
-    settings.AUTH_LDAP_USER_SEARCH = LDAPSearch(PEOPLE, ldap.SCOPE_SUBTREE, "(uid=%(user)s)")
-    settings.AUTHENTICATION_BACKENDS = BACKENDS
-    admin = UserFactory(username="root-admin", is_staff=True)
-    admin.set_password("local-admin-password")
-    admin.save()
     admin_login = "/admin/login/?next=/admin/"
     # dana is in the directory but no staff: admin refuses her while the directory answers.
     refused = client.post(admin_login, {"username": "dana", "password": DANA_PASSWORD})
     assert refused.status_code == 200 and "staff account" in refused.content.decode()
     client.logout()
-    away.stop()
+    directory_to_stop.stop()
 
     refused = client.post(admin_login, {"username": "dana", "password": DANA_PASSWORD})
     assert refused.status_code == 503 and refused["Retry-After"] == "60"
