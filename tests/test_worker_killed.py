@@ -22,7 +22,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -127,6 +127,30 @@ def waiting_on_a_lock() -> list[int]:
     return [row[0] for row in rows]
 
 
+@contextmanager
+def pool_killed_mid_task(
+    node: Node, send: Callable[[], object], log: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A prefork worker with one pool process; ``send`` queues a task that stops inside its transaction on ``node``'s
+    row, which the test holds; the pool process is SIGKILLed there, mid-task and mid-transaction, as the OOM killer
+    would, and the row let go. Yields the worker and the dead pool process's pid, the worker still running."""
+    holder = psycopg.connect(database_url())
+    try:
+        holder.execute("SELECT 1 FROM nodes_node WHERE id = %s FOR UPDATE", [node.pk])
+        with worker(log, "--pool", "prefork", "--concurrency", "1") as process:
+            assert wait_for(lambda: "ready." in log.read_text(), timeout=60), log.read_text()
+            (pool,) = children(process.pid)
+            send()
+            assert wait_for(waiting_on_a_lock, timeout=30, interval=0.1), log.read_text()
+
+            os.kill(pool, signal.SIGKILL)
+            assert wait_for(lambda: "WorkerLostError" in log.read_text(), timeout=30), log.read_text()
+            holder.rollback()  # the row is free again
+            yield process, pool
+    finally:
+        holder.close()
+
+
 def test_a_pool_process_killed_mid_push_gives_the_push_back_and_a_new_one_sends_the_whole_state(tmp_path, empty_queues):
     credentials = node_register(name="gpu-kill", hostname="kill.lab")
     node = credentials.node
@@ -138,26 +162,14 @@ def test_a_pool_process_killed_mid_push_gives_the_push_back_and_a_new_one_sends_
     # The booking queued its own push and mail: this test sends the one push it watches.
     purge("celery", queue, pushes.PENDING_KEY.format(node_id=node.pk))
     log = tmp_path / "worker.log"
-    holder = psycopg.connect(database_url())
     try:
         # The test holds the node's row, so the push stops inside its transaction, after its first write.
-        holder.execute("SELECT 1 FROM nodes_node WHERE id = %s FOR UPDATE", [node.pk])
-        with worker(log, "--pool", "prefork", "--concurrency", "1") as process:
-            assert wait_for(lambda: "ready." in log.read_text(), timeout=60), log.read_text()
-            (pool,) = children(process.pid)
-            push_node_leases.apply_async((node.pk,))
-            assert wait_for(waiting_on_a_lock, timeout=30, interval=0.1), log.read_text()
-
-            os.kill(pool, signal.SIGKILL)  # mid-task, mid-transaction
-            assert wait_for(lambda: "WorkerLostError" in log.read_text(), timeout=30), log.read_text()
-            holder.rollback()  # the row is free again
-
+        with pool_killed_mid_task(node, lambda: push_node_leases.apply_async((node.pk,)), log) as (process, pool):
             assert wait_for(lambda: messages(queue), timeout=60), log.read_text()
             assert wait_for(lambda: "succeeded" in log.read_text(), timeout=30), log.read_text()
             assert children(process.pid) not in ([], [pool])  # a new pool process ran it
         sent_messages = messages(queue)
     finally:
-        holder.close()
         purge(queue, pushes.PENDING_KEY.format(node_id=node.pk))
 
     (sent,) = sent_messages
@@ -178,26 +190,15 @@ def test_a_periodic_job_killed_with_its_pool_process_is_left_to_its_next_run(tmp
     queue = f"node.{node.name}"
     purge(queue, pushes.PENDING_KEY.format(node_id=node.pk))
     log = tmp_path / "worker.log"
-    holder = psycopg.connect(database_url())
     try:
         # Beat's push to every node stops inside its transaction, on the node's row the test holds.
-        holder.execute("SELECT 1 FROM nodes_node WHERE id = %s FOR UPDATE", [node.pk])
-        with worker(log, "--pool", "prefork", "--concurrency", "1") as process:
-            assert wait_for(lambda: "ready." in log.read_text(), timeout=60), log.read_text()
-            (pool,) = children(process.pid)
-            push_all_leases.apply_async()
-            assert wait_for(waiting_on_a_lock, timeout=30, interval=0.1), log.read_text()
-
-            os.kill(pool, signal.SIGKILL)  # mid-task, as the OOM killer would
-            assert wait_for(lambda: "WorkerLostError" in log.read_text(), timeout=30), log.read_text()
-            holder.rollback()
+        with pool_killed_mid_task(node, push_all_leases.apply_async, log):
             # A task sent after the kill, behind where a given-back job would be: once it has run, so would that.
             push_node_leases.apply_async((node.pk,))
             assert wait_for(lambda: "succeeded" in log.read_text(), timeout=60), log.read_text()
         written = log.read_text()
         sent_messages = messages(queue)
     finally:
-        holder.close()
         purge(queue, pushes.PENDING_KEY.format(node_id=node.pk))
 
     assert len(re.findall(r"nodes\.push_all_leases\[[^\]]+\] received", written)) == 1, written  # never again
