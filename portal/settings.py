@@ -30,8 +30,8 @@ from kernel.env import envbool, envchoice, envfloat, envint, envlist, envstr
 
 # A value copied from deploy/portal.env.example and never filled in is public: no process starts with one, not even
 # `manage.py migrate` (kernel/deployment.py; docs/security.md, "Refused at start").
-if placeholder_names(os.environ):
-    raise ImproperlyConfigured(placeholder_refusal(placeholder_names(os.environ)))
+if _placeholders := placeholder_names(os.environ):
+    raise ImproperlyConfigured(placeholder_refusal(_placeholders))
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("VAR_DIR", str(BASE_DIR / "var")))
